@@ -1,0 +1,6 @@
+//! ramgrid's wire codecs as pure functions over byte slices: the memcached text and meta protocols
+//! ([`memcache`]) and, later, the native batch frames. No I/O happens here.
+
+#![warn(missing_docs)]
+
+pub mod memcache;

@@ -1,0 +1,8 @@
+//! ramgrid's server: listeners, connections, dispatch from requests to the store, config, metrics
+//! and shutdown. The binary `ramgrid-server` is a thin `main` over this library so that tests can
+//! run a server in-process on port 0.
+
+#![warn(missing_docs)]
+
+pub mod dispatch;
+pub mod stats;
