@@ -4,5 +4,11 @@
 
 #![warn(missing_docs)]
 
+pub mod config;
+pub mod conn;
 pub mod dispatch;
+pub mod server;
 pub mod stats;
+
+pub use config::Config;
+pub use server::{start, ServerHandle};

@@ -1,0 +1,49 @@
+# ramgrid: one entry point for people and CI. `make help` lists the targets.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+CARGO ?= cargo
+MEMCACHED ?= memcached
+
+.DEFAULT_GOAL := help
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+
+setup: $(VENV)/.ok ## Install what the build and tests need (memcached, Rust components, Python venv)
+	@command -v $(MEMCACHED) >/dev/null || { echo "installing memcached (apt)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq memcached) >/dev/null; }
+	@rustup component add rustfmt clippy >/dev/null 2>&1 || true
+
+$(VENV)/.ok: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q pytest pytest-timeout pymemcache hypothesis numpy xxhash
+	@touch $@
+
+build: ## Build release binaries (target/release/ramgrid-server, ramgrid-bench)
+	$(CARGO) build --release -p ramgrid-server -p ramgrid-bench
+
+demo: setup build ## Main job: start ramgrid and memcached, run the load generator against both, print the comparison
+	$(PY) benchmarks/memcached_compare.py --quick
+
+test: setup build ## All default tests: Rust unit/property/conformance (ramgrid and real memcached), Python tests
+	$(CARGO) test --workspace
+	bash scripts/conformance_memcached.sh
+	$(PY) -m pytest python/tests
+
+lint: setup ## rustfmt, clippy -D warnings
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+bench: setup build ## Full benchmark vs memcached (1M keys, several rounds); records to benchmarks/results/
+	$(PY) benchmarks/memcached_compare.py --out benchmarks/results/memcached_compare.txt
+
+fuzz: ## Short cargo-fuzz run of every parser (needs nightly + cargo-fuzz)
+	cd fuzz && for t in $$(cargo fuzz list); do cargo +nightly fuzz run $$t -- -max_total_time=30 || exit 1; done
+
+clean: ## Remove build outputs and the venv
+	$(CARGO) clean; rm -rf $(VENV)
+
+.PHONY: help setup build demo test lint bench fuzz clean

@@ -1,0 +1,101 @@
+//! Server configuration: command-line flags (names kept stable for scripts) and size parsing.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// `ramgrid-server` flags. Benchmarks and operations scripts depend on `--listen`, `--threads`, `--memory`.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "ramgrid-server", version, about = "ramgrid server: memcached-compatible in-memory store")]
+pub struct Config {
+    /// Address to listen on. Loopback by default; port 0 picks a free port.
+    #[arg(long, default_value = "127.0.0.1:11211", env = "RAMGRID_LISTEN")]
+    pub listen: SocketAddr,
+    /// Worker threads (connections are spread over them round-robin).
+    #[arg(long, default_value_t = default_threads(), env = "RAMGRID_THREADS")]
+    pub threads: usize,
+    /// Memory limit for cached items, e.g. 64MiB, 1GiB, 512m.
+    #[arg(long, default_value = "64MiB", value_parser = parse_size, env = "RAMGRID_MEMORY")]
+    pub memory: u64,
+    /// Largest item (key + value + overhead), like memcached's -I.
+    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    pub max_item_size: u64,
+    /// Most simultaneous client connections; further ones are refused with a SERVER_ERROR line.
+    #[arg(long, default_value_t = 4096)]
+    pub max_conns: usize,
+    /// Refuse writes with `SERVER_ERROR out of memory` instead of evicting (memcached's -M).
+    #[arg(long)]
+    pub no_evict: bool,
+    /// Longest command line accepted before the connection is closed.
+    #[arg(long, default_value = "64KiB", value_parser = parse_size)]
+    pub max_line: u64,
+    /// Close a connection whose pending replies could not be written for this many seconds (a client that stopped reading).
+    #[arg(long, default_value_t = 30)]
+    pub write_timeout_secs: u64,
+    /// Refuse `flush_all` (memcached's -F).
+    #[arg(long)]
+    pub disable_flush_all: bool,
+    /// Lock shards in the cache index.
+    #[arg(long, default_value_t = 256)]
+    pub shards: usize,
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)
+}
+
+impl Config {
+    /// A configuration for tests and embedding: loopback, free port, small memory.
+    pub fn for_tests() -> Config {
+        Config::parse_from(["ramgrid-server", "--listen", "127.0.0.1:0", "--threads", "2", "--memory", "64MiB"])
+    }
+
+    /// The write timeout as a duration.
+    pub fn write_timeout(&self) -> Duration {
+        Duration::from_secs(self.write_timeout_secs.max(1))
+    }
+}
+
+/// Parses a size such as `1048576`, `64m`, `64MB`, `64MiB`, `1g`, `1GiB`, `512k`. Units are binary (memcached's `-m 64` means 64 MiB).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("invalid size {s:?}: expected a number with an optional unit like 64MiB"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        other => return Err(format!("invalid size unit {other:?} in {s:?}: use B, KiB, MiB, GiB or TiB")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1048576"), Ok(1 << 20));
+        assert_eq!(parse_size("64m"), Ok(64 << 20));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("2g"), Ok(2 << 30));
+        assert_eq!(parse_size("512KiB"), Ok(512 << 10));
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("MiB").is_err());
+        assert!(parse_size("99999999999999999999T").is_err());
+    }
+
+    #[test]
+    fn stable_flag_names() {
+        let c = Config::parse_from(["x", "--listen", "127.0.0.1:7000", "--threads", "3", "--memory", "1GiB"]);
+        assert_eq!(c.threads, 3);
+        assert_eq!(c.memory, 1 << 30);
+        assert_eq!(c.listen.port(), 7000);
+    }
+}

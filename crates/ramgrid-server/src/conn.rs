@@ -1,0 +1,117 @@
+//! One client connection: read, parse every complete request in the buffer, dispatch, and write
+//! the replies of a whole read in one write (pipelined requests answered in order, few syscalls).
+//!
+//! Invariants relied on:
+//! 1. Replies are appended in request order to one output buffer; nothing is written out of order.
+//! 2. We never read more requests while replies are waiting to be written beyond `OUT_HIGH_WATER`:
+//!    a client that stops reading stalls only its own connection, and the server buffers at most
+//!    one read buffer plus one batch of replies for it (then the write timeout closes it).
+//! 3. The read buffer grows only as far as one command line (`max_line_len`) plus one data block
+//!    (`max_value_len`); anything larger was refused by the parser first.
+
+use std::io;
+use std::time::Duration;
+
+use ramgrid_proto::memcache::{parse_request, ParseError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::dispatch::{self, Flow};
+use crate::stats::{Shared, WorkerStats};
+
+const READ_CHUNK: usize = 16 << 10;
+/// Flush replies mid-batch once this much is pending, so a long pipeline does not pile up output.
+const OUT_HIGH_WATER: usize = 256 << 10;
+
+/// Serves one memcached-protocol connection until the client closes it, a fatal protocol error,
+/// `quit`, a write timeout, or server shutdown.
+pub async fn serve(mut sock: TcpStream, shared: &Shared, stats: &WorkerStats, mut stop: watch::Receiver<bool>, write_timeout: Duration) {
+    let limits = shared.settings.limits;
+    let mut buf = vec![0u8; READ_CHUNK];
+    let (mut start, mut end) = (0usize, 0usize);
+    let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+
+    loop {
+        // Parse and execute every complete request we have.
+        loop {
+            match parse_request(&buf[start..end], &limits) {
+                Ok((req, used)) => {
+                    start += used;
+                    let flow = dispatch::execute(&req, shared, stats, &mut out);
+                    if flow == Flow::Close {
+                        let _ = flush(&mut sock, &mut out, stats, write_timeout).await;
+                        return;
+                    }
+                    if out.len() >= OUT_HIGH_WATER && flush(&mut sock, &mut out, stats, write_timeout).await.is_err() {
+                        return;
+                    }
+                }
+                Err(ParseError::Incomplete) => break,
+                Err(ParseError::Recoverable { consumed, reply }) => {
+                    start += consumed;
+                    out.extend_from_slice(reply.as_bytes());
+                }
+                Err(ParseError::Fatal { reply, .. }) => {
+                    out.extend_from_slice(reply.as_bytes());
+                    let _ = flush(&mut sock, &mut out, stats, write_timeout).await;
+                    return;
+                }
+            }
+        }
+        if !out.is_empty() && flush(&mut sock, &mut out, stats, write_timeout).await.is_err() {
+            return;
+        }
+        if *stop.borrow() {
+            return;
+        }
+
+        // Make room: move the unparsed tail to the front, grow only when a single request needs it.
+        if start == end {
+            start = 0;
+            end = 0;
+        } else if start > 0 && buf.len() - end < READ_CHUNK / 2 {
+            buf.copy_within(start..end, 0);
+            end -= start;
+            start = 0;
+        }
+        if buf.len() - end < READ_CHUNK / 2 {
+            let max = limits.max_line_len + limits.max_value_len + 64;
+            let want = (buf.len() * 2).min(max.max(READ_CHUNK));
+            if want <= buf.len() {
+                // Cannot happen while the parser enforces its limits; refuse rather than grow.
+                return;
+            }
+            buf.resize(want, 0);
+        }
+
+        let n = tokio::select! {
+            r = sock.read(&mut buf[end..]) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            _ = stop.changed() => return,
+        };
+        WorkerStats::add(&stats.bytes_read, n as u64);
+        end += n;
+        // Shrink a buffer that grew for one big value once it is drained, so idle connections stay small.
+        if start == end && buf.len() > 4 * READ_CHUNK {
+            buf = vec![0u8; READ_CHUNK];
+            start = 0;
+            end = 0;
+        }
+    }
+}
+
+async fn flush(sock: &mut TcpStream, out: &mut Vec<u8>, stats: &WorkerStats, timeout: Duration) -> io::Result<()> {
+    let r = match tokio::time::timeout(timeout, sock.write_all(out)).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "client stopped reading replies")),
+    };
+    WorkerStats::add(&stats.bytes_written, out.len() as u64);
+    out.clear();
+    if out.capacity() > 4 * OUT_HIGH_WATER {
+        out.shrink_to(READ_CHUNK);
+    }
+    r
+}

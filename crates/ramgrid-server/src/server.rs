@@ -1,0 +1,240 @@
+//! Process structure: one acceptor thread, N worker threads (each a single-threaded tokio runtime that
+//! owns its connections, like memcached's worker threads), one expiry crawler, and graceful shutdown.
+//!
+//! Why per-thread runtimes rather than one work-stealing runtime: a connection stays on one thread for
+//! its whole life, so its buffers and the thread's counters stay in that core's cache, and no task is
+//! ever migrated mid-batch.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use ramgrid_proto::memcache::Limits;
+use ramgrid_store::{Cache, CacheConfig, SystemClock};
+use tokio::sync::{mpsc, watch};
+
+use crate::config::Config;
+use crate::conn;
+use crate::stats::{Settings, Shared, WorkerStats};
+
+/// How long connections get to finish their current request after SIGTERM before the process exits anyway.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// How often the expiry crawler wakes, and how many expired items it reclaims per wake.
+const CRAWL_INTERVAL: Duration = Duration::from_millis(100);
+const CRAWL_BUDGET: usize = 10_000;
+
+/// A running server. Dropping it does not stop it; call [`ServerHandle::shutdown`].
+pub struct ServerHandle {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    stopping: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl ServerHandle {
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Shared state (the cache and counters), for tests and embedding.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Stops accepting, lets connections finish the request in hand, and waits for every thread
+    /// (bounded by the shutdown grace period).
+    pub fn shutdown(self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let _ = self.stop.send(true);
+        // Wake the blocking accept() so the acceptor sees the flag.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        let deadline = Instant::now() + SHUTDOWN_GRACE + Duration::from_secs(1);
+        for t in self.threads {
+            while !t.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// Binds, starts every thread, and returns once the server accepts connections.
+pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
+    raise_fd_limit(config.max_conns as u64 + 64);
+    let listener = TcpListener::bind(config.listen).with_context(|| format!("cannot listen on {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let threads = config.threads.max(1);
+
+    let max_item = usize::try_from(config.max_item_size).unwrap_or(usize::MAX);
+    let cache = Cache::new(
+        CacheConfig {
+            memory_limit: usize::try_from(config.memory).unwrap_or(usize::MAX),
+            evict: !config.no_evict,
+            max_item_size: max_item,
+            shards: config.shards.max(1),
+        },
+        Arc::new(SystemClock::new()),
+    );
+    let limits = Limits {
+        max_value_len: max_item,
+        max_line_len: usize::try_from(config.max_line).unwrap_or(usize::MAX),
+        ..Limits::default()
+    };
+    let workers: Vec<Arc<WorkerStats>> = (0..threads).map(|_| Arc::new(WorkerStats::default())).collect();
+    let shared = Arc::new(Shared {
+        cache,
+        settings: Settings {
+            threads,
+            max_conns: config.max_conns,
+            limits,
+            flush_enabled: !config.disable_flush_all,
+        },
+        started: Instant::now(),
+        started_unix: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        curr_connections: Default::default(),
+        total_connections: Default::default(),
+        rejected_connections: Default::default(),
+        verbosity: Default::default(),
+        workers: workers.clone(),
+    });
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopping = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    let mut senders = Vec::new();
+    for (i, stats) in workers.into_iter().enumerate() {
+        let (tx, rx) = mpsc::unbounded_channel::<TcpStream>();
+        senders.push(tx);
+        let shared = shared.clone();
+        let stop = stop_rx.clone();
+        let write_timeout = config.write_timeout();
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("ramgrid-worker-{i}"))
+                .spawn(move || worker_main(rx, shared, stats, stop, write_timeout))?,
+        );
+    }
+    {
+        let shared = shared.clone();
+        let stopping = stopping.clone();
+        handles.push(
+            std::thread::Builder::new()
+                .name("ramgrid-accept".into())
+                .spawn(move || accept_loop(listener, senders, shared, stopping))?,
+        );
+    }
+    {
+        let shared = shared.clone();
+        let stopping = stopping.clone();
+        handles.push(std::thread::Builder::new().name("ramgrid-crawler".into()).spawn(move || {
+            while !stopping.load(Ordering::Relaxed) {
+                std::thread::sleep(CRAWL_INTERVAL);
+                shared.cache.crawl_expired(CRAWL_BUDGET);
+            }
+        })?);
+    }
+    Ok(ServerHandle { addr, shared, stop: stop_tx, stopping, threads: handles })
+}
+
+fn accept_loop(listener: TcpListener, workers: Vec<mpsc::UnboundedSender<TcpStream>>, shared: Arc<Shared>, stopping: Arc<AtomicBool>) {
+    let mut next = 0usize;
+    loop {
+        let (stream, _) = match listener.accept() {
+            Ok(s) => s,
+            Err(e) => {
+                if stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+                // EMFILE and friends: back off instead of spinning; the server stays up.
+                eprintln!("ramgrid-server: accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        if stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let curr = shared.curr_connections.load(Ordering::Relaxed);
+        if curr >= shared.settings.max_conns as u64 {
+            // memcached's answer when it is out of connections; then close.
+            reject(stream);
+            shared.rejected_connections.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        shared.curr_connections.fetch_add(1, Ordering::Relaxed);
+        shared.total_connections.fetch_add(1, Ordering::Relaxed);
+        let _ = stream.set_nodelay(true);
+        if workers[next % workers.len()].send(stream).is_err() {
+            shared.curr_connections.fetch_sub(1, Ordering::Relaxed);
+        }
+        next = next.wrapping_add(1);
+    }
+}
+
+fn reject(stream: TcpStream) {
+    use std::io::Write;
+    let mut stream = stream;
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+    let _ = stream.write_all(b"SERVER_ERROR too many open connections\r\n");
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+}
+
+fn worker_main(
+    mut rx: mpsc::UnboundedReceiver<TcpStream>,
+    shared: Arc<Shared>,
+    stats: Arc<WorkerStats>,
+    mut stop: watch::Receiver<bool>,
+    write_timeout: Duration,
+) {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ramgrid-server: cannot start worker runtime: {e}");
+            return;
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let mut tasks = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                s = rx.recv() => {
+                    let Some(s) = s else { break };
+                    let shared = shared.clone();
+                    let stats = stats.clone();
+                    let stop = stop.clone();
+                    tasks.spawn_local(async move {
+                        if let Ok(s) = s.set_nonblocking(true).and_then(|_| tokio::net::TcpStream::from_std(s)) {
+                            conn::serve(s, &shared, &stats, stop, write_timeout).await;
+                        }
+                        shared.curr_connections.fetch_sub(1, Ordering::Relaxed);
+                    });
+                }
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                _ = stop.changed() => break,
+            }
+        }
+        // Let connections finish the request in hand, bounded.
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, async { while tasks.join_next().await.is_some() {} }).await;
+    });
+}
+
+/// Raises the soft open-files limit towards `want` (up to the hard limit) so thousands of
+/// connections do not hit EMFILE.
+fn raise_fd_limit(want: u64) {
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    unsafe {
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < want {
+            lim.rlim_cur = want.min(lim.rlim_max);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
