@@ -39,6 +39,21 @@ pub struct Config {
     /// Lock shards in the cache index.
     #[arg(long, default_value_t = 256)]
     pub shards: usize,
+    /// Memory limit for native tables (authoritative data: never evicted; writes past it are refused).
+    #[arg(long, default_value = "1GiB", value_parser = parse_size, env = "RAMGRID_TABLE_MEMORY")]
+    pub table_memory: u64,
+    /// Largest native frame body accepted; a larger length prefix closes the connection.
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    pub max_frame: u64,
+    /// Cluster spec file (one `host:port` per line, in order); without it the server waits for SET_SPEC.
+    #[arg(long, env = "RAMGRID_CLUSTER_SPEC")]
+    pub cluster_spec: Option<std::path::PathBuf>,
+    /// Auth token native clients must present in HELLO. Required to listen on a non-loopback address.
+    #[arg(long, env = "RAMGRID_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Allow listening on a non-loopback address without a token. Anyone who can reach the port can read and write everything.
+    #[arg(long)]
+    pub insecure_no_auth: bool,
 }
 
 fn default_threads() -> usize {
@@ -49,6 +64,27 @@ impl Config {
     /// A configuration for tests and embedding: loopback, free port, small memory.
     pub fn for_tests() -> Config {
         Config::parse_from(["ramgrid-server", "--listen", "127.0.0.1:0", "--threads", "2", "--memory", "64MiB"])
+    }
+
+    /// Refuses configurations that are unsafe or contradictory, with a message saying what to change.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.listen.ip().is_loopback() && self.token.is_none() && !self.insecure_no_auth {
+            return Err(format!(
+                "refusing to listen on non-loopback address {} without an auth token: pass --token (or RAMGRID_TOKEN), \
+                 or --insecure-no-auth to accept that anyone who reaches the port can read and write all data",
+                self.listen
+            ));
+        }
+        if self.threads == 0 || self.threads > 1024 {
+            return Err(format!("--threads must be between 1 and 1024, got {}", self.threads));
+        }
+        if self.max_item_size < 1024 || self.max_item_size > (1 << 30) {
+            return Err(format!("--max-item-size must be between 1KiB and 1GiB, got {}", self.max_item_size));
+        }
+        if self.memory < self.max_item_size {
+            return Err(format!("--memory ({}) must be at least --max-item-size ({})", self.memory, self.max_item_size));
+        }
+        Ok(())
     }
 
     /// The write timeout as a duration.
@@ -97,5 +133,16 @@ mod tests {
         assert_eq!(c.threads, 3);
         assert_eq!(c.memory, 1 << 30);
         assert_eq!(c.listen.port(), 7000);
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn non_loopback_needs_a_token() {
+        let c = Config::parse_from(["x", "--listen", "0.0.0.0:7000"]);
+        assert!(c.validate().unwrap_err().contains("--token"));
+        let c = Config::parse_from(["x", "--listen", "0.0.0.0:7000", "--token", "s3cret"]);
+        assert!(c.validate().is_ok());
+        let c = Config::parse_from(["x", "--listen", "0.0.0.0:7000", "--insecure-no-auth"]);
+        assert!(c.validate().is_ok());
     }
 }

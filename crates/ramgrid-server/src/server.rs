@@ -67,6 +67,10 @@ impl ServerHandle {
 
 /// Binds, starts every thread, and returns once the server accepts connections.
 pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
+    config.validate().map_err(anyhow::Error::msg)?;
+    if !config.listen.ip().is_loopback() && config.token.is_none() {
+        eprintln!("ramgrid-server: WARNING: listening on {} with NO authentication (--insecure-no-auth)", config.listen);
+    }
     raise_fd_limit(config.max_conns as u64 + 64);
     let listener = TcpListener::bind(config.listen).with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;

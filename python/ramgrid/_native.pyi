@@ -1,0 +1,83 @@
+"""Type stubs for ramgrid._native, the PyO3 module (crates/ramgrid-py).
+
+CONTRACT between the binding (crates/ramgrid-py) and the Python package (python/ramgrid). The binding only
+converts types, releases the GIL and maps errors; every policy lives in the Rust client (crates/ramgrid-client)
+or in the Python package.
+
+Keys: a list of str (UTF-8) / bytes, a 1-D numpy int64 array (each key is its 8-byte little-endian encoding),
+or a packed form `(offsets, data)` where offsets is a numpy int64 array of n+1 offsets into the bytes `data`
+(the Python layer turns numpy 'S'/'U' arrays and pyarrow string/binary arrays into this form).
+Int keys given in a list are encoded like int64 array keys, so `[1, 2]` and `np.array([1, 2])` address the same items.
+"""
+
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+import numpy.typing as npt
+
+KeysLike = Union[Sequence[Union[str, bytes, int]], npt.NDArray[np.int64], tuple[npt.NDArray[np.int64], bytes]]
+
+class Client:
+    def __init__(
+        self,
+        servers: list[str],
+        token: Optional[str] = None,
+        timeout_ms: int = 5000,
+        connect_timeout_ms: int = 1000,
+        ack: str = "all",  # "all" | "majority" | "one": replicas that must acknowledge a write
+        near_cache_bytes: int = 0,  # near cache for pinned (sealed) versions; 0 = off
+        pool_size: int = 4,  # idle connections kept per server
+    ) -> None: ...
+    def servers(self) -> list[str]: ...
+    def epoch(self) -> int: ...
+    def refresh_spec(self) -> None: ...
+    def push_spec(self) -> None:
+        """Sends this client's spec to every server (SET_SPEC): how a new local cluster is configured."""
+    # tables
+    def create_table(self, name: str, partitions: int = 64, replication: int = 1, value_type: str = "bytes", dim: int = 0) -> None:
+        """value_type: "bytes" | "i64" | "f64" | "f32vec" (dim > 0). Creates an open version 1 that is current."""
+    def drop_table(self, name: str) -> None: ...
+    def list_tables(self) -> list[dict[str, Any]]: ...
+    def describe_table(self, name: str) -> dict[str, Any]:
+        """{"name", "partitions", "replication", "value_type", "dim", "current_version",
+        "versions": [{"version", "sealed", "items", "bytes"}]} aggregated over servers (items/bytes summed over primaries)."""
+    # versions
+    def create_version(self, table: str) -> int:
+        """Creates the next version number on every server (open, not current) and returns it."""
+    def seal_version(self, table: str, version: int) -> None: ...
+    def set_current(self, table: str, version: int) -> None:
+        """Makes a sealed version current on every server."""
+    def drop_version(self, table: str, version: int) -> None: ...
+    def current_version(self, table: str) -> int: ...
+    # data (version 0 = current; a non-zero version pins)
+    def get_many(self, table: str, keys: KeysLike, version: int = 0) -> tuple[Any, npt.NDArray[np.bool_]]:
+        """Returns (values, found). values: float64/int64 ndarray (0 where missing) for numeric tables,
+        float32 ndarray of shape (n, dim) for f32vec tables, list[bytes | None] for bytes tables."""
+    def put_many(self, table: str, keys: KeysLike, values: Any, version: int = 0) -> None:
+        """values: a numpy array (numeric/f32vec tables; converted to the table's type) or a list of bytes/str (bytes tables).
+        Raises BatchError listing failed keys if any key was refused; the others are stored."""
+    def delete_many(self, table: str, keys: KeysLike, version: int = 0) -> int: ...
+    def server_stats(self) -> list[dict[str, Any]]: ...
+    def close(self) -> None: ...
+
+def run_server(args: list[str]) -> None:
+    """Runs a ramgrid server in this process with ramgrid-server's flags (e.g. ["--listen", "127.0.0.1:0"]);
+    prints its 'ramgrid-server listening on ADDR' line and blocks until SIGTERM/SIGINT."""
+
+def partition_of(key: Union[str, bytes, int], partitions: int) -> int: ...
+
+# Exceptions (all subclasses of RamgridError); python/ramgrid/exceptions.py re-exports them.
+class RamgridError(Exception): ...
+class ConnectionFailed(RamgridError): ...
+class Timeout(RamgridError): ...
+class AuthError(RamgridError): ...
+class ProtocolError(RamgridError): ...
+class TableNotFound(RamgridError): ...
+class TableExists(RamgridError): ...
+class VersionNotFound(RamgridError): ...
+class VersionSealed(RamgridError): ...
+class OutOfMemory(RamgridError): ...
+class PartitionsUnavailable(RamgridError):
+    partitions: list[int]  # partitions none of whose replicas answered
+class BatchError(RamgridError):
+    failures: list[tuple[int, str]]  # (index in the batch, reason) for each refused key
