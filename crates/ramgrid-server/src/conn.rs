@@ -18,18 +18,52 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::dispatch::{self, Flow};
+use crate::native::{self, NativeState};
 use crate::stats::{Shared, WorkerStats};
 
 const READ_CHUNK: usize = 16 << 10;
 /// Flush replies mid-batch once this much is pending, so a long pipeline does not pile up output.
 const OUT_HIGH_WATER: usize = 256 << 10;
 
-/// Serves one memcached-protocol connection until the client closes it, a fatal protocol error,
-/// `quit`, a write timeout, or server shutdown.
-pub async fn serve(mut sock: TcpStream, shared: &Shared, stats: &WorkerStats, mut stop: watch::Receiver<bool>, write_timeout: Duration) {
-    let limits = shared.settings.limits;
+/// Serves one connection: the first byte tells the native protocol (magic 0xA7) from memcached's
+/// text and meta protocols.
+pub async fn serve(
+    mut sock: TcpStream,
+    shared: &Shared,
+    native_state: &NativeState,
+    stats: &WorkerStats,
+    mut stop: watch::Receiver<bool>,
+    write_timeout: Duration,
+) {
     let mut buf = vec![0u8; READ_CHUNK];
-    let (mut start, mut end) = (0usize, 0usize);
+    let end = tokio::select! {
+        r = sock.read(&mut buf) => match r {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        },
+        _ = stop.changed() => return,
+    };
+    WorkerStats::add(&stats.bytes_read, end as u64);
+    if ramgrid_proto::native::is_native_first_byte(buf[0]) {
+        native::serve(sock, buf, end, native_state, stats, stop, write_timeout).await;
+    } else {
+        serve_memcache(sock, buf, end, shared, stats, stop, write_timeout).await;
+    }
+}
+
+/// Serves a memcached-protocol connection until the client closes it, a fatal protocol error,
+/// `quit`, a write timeout, or server shutdown. `buf[..end]` holds the bytes already read.
+async fn serve_memcache(
+    mut sock: TcpStream,
+    mut buf: Vec<u8>,
+    mut end: usize,
+    shared: &Shared,
+    stats: &WorkerStats,
+    mut stop: watch::Receiver<bool>,
+    write_timeout: Duration,
+) {
+    let limits = shared.settings.limits;
+    let mut start = 0usize;
     let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
 
     loop {

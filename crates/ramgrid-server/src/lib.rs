@@ -7,6 +7,7 @@
 pub mod config;
 pub mod conn;
 pub mod dispatch;
+pub mod native;
 pub mod server;
 pub mod stats;
 

@@ -18,7 +18,10 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::Config;
 use crate::conn;
+use crate::native::NativeState;
 use crate::stats::{Settings, Shared, WorkerStats};
+use ramgrid_proto::cluster::ClusterSpec;
+use ramgrid_store::tables::{Tables, TablesConfig};
 
 /// How long connections get to finish their current request after SIGTERM before the process exits anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -30,6 +33,7 @@ const CRAWL_BUDGET: usize = 10_000;
 pub struct ServerHandle {
     addr: SocketAddr,
     shared: Arc<Shared>,
+    native: Arc<NativeState>,
     stop: watch::Sender<bool>,
     stopping: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
@@ -44,6 +48,11 @@ impl ServerHandle {
     /// Shared state (the cache and counters), for tests and embedding.
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// Native-protocol state (tables, cluster spec), for tests and embedding.
+    pub fn native(&self) -> &Arc<NativeState> {
+        &self.native
     }
 
     /// Stops accepting, lets connections finish the request in hand, and waits for every thread
@@ -109,6 +118,22 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         workers: workers.clone(),
     });
 
+    let native = Arc::new(NativeState {
+        tables: Tables::new(TablesConfig {
+            memory_limit: usize::try_from(config.table_memory).unwrap_or(usize::MAX),
+            max_value_size: max_item,
+        }),
+        cluster: Default::default(),
+        token: config.token.clone(),
+        server_id: addr.to_string(),
+        max_body: usize::try_from(config.max_frame).unwrap_or(usize::MAX),
+    });
+    if let Some(path) = &config.cluster_spec {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read cluster spec {}", path.display()))?;
+        let spec = ClusterSpec::parse(&text).map_err(|e| anyhow::anyhow!("cluster spec {}: {e}", path.display()))?;
+        native.install_spec(spec).map_err(|e| anyhow::anyhow!("cluster spec {}: {e}", path.display()))?;
+    }
+
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopping = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
@@ -117,12 +142,13 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         let (tx, rx) = mpsc::unbounded_channel::<TcpStream>();
         senders.push(tx);
         let shared = shared.clone();
+        let native = native.clone();
         let stop = stop_rx.clone();
         let write_timeout = config.write_timeout();
         handles.push(
             std::thread::Builder::new()
                 .name(format!("ramgrid-worker-{i}"))
-                .spawn(move || worker_main(rx, shared, stats, stop, write_timeout))?,
+                .spawn(move || worker_main(rx, shared, native, stats, stop, write_timeout))?,
         );
     }
     {
@@ -144,7 +170,7 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
             }
         })?);
     }
-    Ok(ServerHandle { addr, shared, stop: stop_tx, stopping, threads: handles })
+    Ok(ServerHandle { addr, shared, native, stop: stop_tx, stopping, threads: handles })
 }
 
 fn accept_loop(listener: TcpListener, workers: Vec<mpsc::UnboundedSender<TcpStream>>, shared: Arc<Shared>, stopping: Arc<AtomicBool>) {
@@ -193,6 +219,7 @@ fn reject(stream: TcpStream) {
 fn worker_main(
     mut rx: mpsc::UnboundedReceiver<TcpStream>,
     shared: Arc<Shared>,
+    native: Arc<NativeState>,
     stats: Arc<WorkerStats>,
     mut stop: watch::Receiver<bool>,
     write_timeout: Duration,
@@ -212,11 +239,12 @@ fn worker_main(
                 s = rx.recv() => {
                     let Some(s) = s else { break };
                     let shared = shared.clone();
+                    let native = native.clone();
                     let stats = stats.clone();
                     let stop = stop.clone();
                     tasks.spawn_local(async move {
                         if let Ok(s) = s.set_nonblocking(true).and_then(|_| tokio::net::TcpStream::from_std(s)) {
-                            conn::serve(s, &shared, &stats, stop, write_timeout).await;
+                            conn::serve(s, &shared, &native, &stats, stop, write_timeout).await;
                         }
                         shared.curr_connections.fetch_sub(1, Ordering::Relaxed);
                     });

@@ -1,0 +1,39 @@
+//! The native batch protocol: length-prefixed binary frames that carry a whole batch of keys,
+//! table and version admin, and the cluster spec. Normative spec: `docs/protocol-native.md`.
+//!
+//! Reading: [`parse_frame`] splits a byte stream into [`Frame`]s (a cheap header check first,
+//! [`FrameError::Incomplete`] means "read more"); [`Request::decode`] / [`Response::decode`]
+//! turn a body into a message, borrowing keys and values zero-copy.
+//!
+//! Writing: hot-path frames are built by writers that append to a `Vec<u8>` without allocating
+//! per key ([`KeyBatchWriter`], [`PutWriter`] on the client; [`GetReplyWriter`],
+//! [`KeyStatusWriter`] on the server); everything else by [`Request::encode`] and
+//! [`Response::encode`].
+
+mod admin;
+mod data;
+mod error;
+mod frame;
+mod message;
+mod types;
+mod wire;
+
+#[cfg(test)]
+mod tests;
+
+pub use admin::{CreateTable, Hello, HelloOk, SpecReply, VersionRef};
+pub use data::{
+    encode_delete, encode_get, Delete, Get, GetReply, GetReplyIter, GetReplyWriter, KeyBatch,
+    KeyBatchWriter, KeyGroup, KeyGroupIter, KeyGroups, KeyStatusWriter, KeyStatuses, Keys, Put,
+    PutGroup, PutGroupIter, PutGroups, PutWriter, Values,
+};
+pub use error::{FrameError, FrameErrorKind};
+pub use frame::{
+    encode_frame, is_native_first_byte, parse_frame, Frame, Opcode, FLAG_RESPONSE, HEADER_LEN,
+    MAGIC, PROTOCOL_VERSION,
+};
+pub use message::{encode_error, Request, Response};
+pub use types::{
+    ErrorReply, KeyStatus, Status, TableInfo, ValueType, VersionInfo, MAX_KEY_LEN, MAX_NAME_LEN,
+    MAX_VECTOR_DIM,
+};

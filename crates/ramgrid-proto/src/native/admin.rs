@@ -1,0 +1,128 @@
+//! Handshake, table, version and cluster-spec messages: small, off the hot path.
+
+use super::error::FrameError;
+use super::types::ValueType;
+use super::wire::{self, put_u32, put_u64, put_u8, Reader};
+
+/// HELLO request: the first frame on a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello<'a> {
+    /// The protocol version the client speaks ([`super::PROTOCOL_VERSION`]).
+    pub protocol_version: u8,
+    /// The cluster's auth token; empty when the client has none.
+    pub token: &'a [u8],
+    /// Free-form client name for logs (may be empty).
+    pub client_name: &'a str,
+}
+
+impl<'a> Hello<'a> {
+    pub(crate) fn read(r: &mut Reader<'a>) -> Result<Hello<'a>, FrameError> {
+        Ok(Hello {
+            protocol_version: r.u8("protocol version")?,
+            token: r.bytes16("token")?,
+            client_name: r.str16("client name")?,
+        })
+    }
+
+    pub(crate) fn write(&self, out: &mut Vec<u8>) -> Result<(), FrameError> {
+        put_u8(out, self.protocol_version);
+        wire::put_bytes16(out, self.token, "token over 65535 bytes")?;
+        wire::put_str16(out, self.client_name, "client name over 65535 bytes")
+    }
+}
+
+/// OK payload of a HELLO response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HelloOk<'a> {
+    /// The protocol version the server will speak on this connection.
+    pub protocol_version: u8,
+    /// The server's identity (normally its address as written in the cluster spec).
+    pub server_id: &'a str,
+    /// The server's current partition-map epoch (0 = no spec installed).
+    pub epoch: u64,
+    /// The largest frame body the server accepts; clients split batches to fit.
+    pub max_body: u32,
+}
+
+impl<'a> HelloOk<'a> {
+    pub(crate) fn read(r: &mut Reader<'a>) -> Result<HelloOk<'a>, FrameError> {
+        Ok(HelloOk {
+            protocol_version: r.u8("protocol version")?,
+            server_id: r.str16("server id")?,
+            epoch: r.u64("epoch")?,
+            max_body: r.u32("max body")?,
+        })
+    }
+
+    pub(crate) fn write(&self, out: &mut Vec<u8>) -> Result<(), FrameError> {
+        put_u8(out, self.protocol_version);
+        wire::put_str16(out, self.server_id, "server id over 65535 bytes")?;
+        put_u64(out, self.epoch);
+        put_u32(out, self.max_body);
+        Ok(())
+    }
+}
+
+/// CREATE_TABLE request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreateTable<'a> {
+    /// Table name (1..=255 bytes of UTF-8).
+    pub name: &'a str,
+    /// Number of partitions (a server refuses 0 with BAD_REQUEST).
+    pub partitions: u32,
+    /// Replication factor (clamped by the partition map to the number of servers).
+    pub replication: u32,
+    /// Value type of every version of the table.
+    pub value_type: ValueType,
+}
+
+impl<'a> CreateTable<'a> {
+    pub(crate) fn read(r: &mut Reader<'a>) -> Result<CreateTable<'a>, FrameError> {
+        Ok(CreateTable {
+            name: r.name("table name")?,
+            partitions: r.u32("partitions")?,
+            replication: r.u32("replication")?,
+            value_type: r.value_type()?,
+        })
+    }
+
+    pub(crate) fn write(&self, out: &mut Vec<u8>) -> Result<(), FrameError> {
+        wire::put_name(out, self.name, "table name")?;
+        put_u32(out, self.partitions);
+        put_u32(out, self.replication);
+        wire::put_value_type(out, self.value_type)
+    }
+}
+
+/// Body of CREATE_VERSION, SEAL_VERSION, SET_CURRENT and DROP_VERSION.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VersionRef<'a> {
+    /// Table name.
+    pub table: &'a str,
+    /// Version number (>= 1; a server refuses 0 with BAD_REQUEST).
+    pub version: u32,
+}
+
+impl<'a> VersionRef<'a> {
+    pub(crate) fn read(r: &mut Reader<'a>) -> Result<VersionRef<'a>, FrameError> {
+        Ok(VersionRef {
+            table: r.name("table name")?,
+            version: r.u32("version")?,
+        })
+    }
+
+    pub(crate) fn write(&self, out: &mut Vec<u8>) -> Result<(), FrameError> {
+        wire::put_name(out, self.table, "table name")?;
+        put_u32(out, self.version);
+        Ok(())
+    }
+}
+
+/// OK payload of a GET_SPEC response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpecReply<'a> {
+    /// The epoch of the installed spec (0 = none).
+    pub epoch: u64,
+    /// The spec in its text form (empty when none is installed).
+    pub spec: &'a [u8],
+}

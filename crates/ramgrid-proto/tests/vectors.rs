@@ -1,0 +1,577 @@
+//! Checks the shared test vectors in `tests/vectors/` against the Rust codec: for every frame
+//! vector, encoding its fields gives exactly its bytes and decoding its bytes gives exactly its
+//! fields; bad frames fail with the named error; cluster vectors (partition_of, epochs, rendezvous
+//! scores, partition maps) match. python/tests/unit/test_vectors.py checks the same files.
+//!
+//! `RAMGRID_BLESS_VECTORS=1 cargo test -p ramgrid-proto --test vectors` rewrites the expected
+//! outputs from the Rust implementation instead (for new vectors; review the diff).
+
+use std::path::PathBuf;
+
+use ramgrid_proto::cluster::{epoch_of, partition_of, rendezvous_score, ClusterSpec, PartitionMap};
+use ramgrid_proto::native::*;
+use serde_json::{json, Map, Value};
+
+fn vectors_path(file: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/vectors")
+        .join(file)
+}
+
+fn load(file: &str) -> Value {
+    let text = std::fs::read_to_string(vectors_path(file)).expect("vector file");
+    serde_json::from_str(&text).expect("vector JSON")
+}
+
+fn bless() -> bool {
+    std::env::var_os("RAMGRID_BLESS_VECTORS").is_some_and(|v| v == "1")
+}
+
+/// Writes each section's vectors one per line so diffs stay readable.
+fn save(file: &str, doc: &Value) {
+    let mut s = String::from("{\n");
+    let sections = doc.as_object().unwrap();
+    for (i, (name, items)) in sections.iter().enumerate() {
+        s.push_str(&format!("  {}: [\n", json!(name)));
+        let items = items.as_array().unwrap();
+        for (j, item) in items.iter().enumerate() {
+            let comma = if j + 1 < items.len() { "," } else { "" };
+            s.push_str(&format!(
+                "    {}{comma}\n",
+                serde_json::to_string(item).unwrap()
+            ));
+        }
+        let comma = if i + 1 < sections.len() { "," } else { "" };
+        s.push_str(&format!("  ]{comma}\n"));
+    }
+    s.push_str("}\n");
+    std::fs::write(vectors_path(file), s).unwrap();
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    s.as_bytes()
+        .chunks(2)
+        .map(|c| {
+            assert_eq!(c.len(), 2, "odd hex {s:?}");
+            u8::from_str_radix(std::str::from_utf8(c).unwrap(), 16).expect("hex")
+        })
+        .collect()
+}
+
+fn s(v: &Value) -> &str {
+    v.as_str()
+        .unwrap_or_else(|| panic!("expected a string, got {v}"))
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64()
+        .unwrap_or_else(|| panic!("expected an unsigned integer, got {v}"))
+}
+
+fn u32_(v: &Value) -> u32 {
+    u32::try_from(u(v)).expect("u32")
+}
+
+fn arr(v: &Value) -> &Vec<Value> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("expected an array, got {v}"))
+}
+
+fn vt_to_json(vt: ValueType) -> Value {
+    match vt {
+        ValueType::Bytes => json!({"kind": "bytes", "dim": 0}),
+        ValueType::I64 => json!({"kind": "i64", "dim": 0}),
+        ValueType::F64 => json!({"kind": "f64", "dim": 0}),
+        ValueType::F32Vec(d) => json!({"kind": "f32vec", "dim": d}),
+    }
+}
+
+fn vt_from_json(v: &Value) -> ValueType {
+    match (s(&v["kind"]), u32_(&v["dim"])) {
+        ("bytes", 0) => ValueType::Bytes,
+        ("i64", 0) => ValueType::I64,
+        ("f64", 0) => ValueType::F64,
+        ("f32vec", d) => ValueType::F32Vec(d),
+        other => panic!("bad value type {other:?}"),
+    }
+}
+
+/// A value in JSON form -> its wire bytes for `vt`.
+fn value_bytes(vt: ValueType, v: &Value) -> Vec<u8> {
+    match vt {
+        ValueType::Bytes => unhex(s(v)),
+        ValueType::I64 => v.as_i64().expect("i64").to_le_bytes().to_vec(),
+        ValueType::F64 => v.as_f64().expect("f64").to_le_bytes().to_vec(),
+        ValueType::F32Vec(_) => arr(v)
+            .iter()
+            .flat_map(|x| (x.as_f64().expect("f32") as f32).to_le_bytes())
+            .collect(),
+    }
+}
+
+/// Wire bytes of one value -> JSON.
+fn value_json(vt: ValueType, b: &[u8]) -> Value {
+    match vt {
+        ValueType::Bytes => json!(hex(b)),
+        ValueType::I64 => json!(i64::from_le_bytes(b.try_into().unwrap())),
+        ValueType::F64 => json!(f64::from_le_bytes(b.try_into().unwrap())),
+        ValueType::F32Vec(_) => {
+            let xs: Vec<f64> = b
+                .chunks(4)
+                .map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap())))
+                .collect();
+            json!(xs)
+        }
+    }
+}
+
+fn table_from_json(t: &Value) -> TableInfo {
+    TableInfo {
+        name: s(&t["name"]).to_owned(),
+        partitions: u32_(&t["partitions"]),
+        replication: u32_(&t["replication"]),
+        value_type: vt_from_json(&t["value_type"]),
+        current_version: u32_(&t["current_version"]),
+        versions: arr(&t["versions"])
+            .iter()
+            .map(|v| VersionInfo {
+                number: u32_(&v["number"]),
+                sealed: v["sealed"].as_bool().unwrap(),
+                items: u(&v["items"]),
+                bytes: u(&v["bytes"]),
+            })
+            .collect(),
+    }
+}
+
+fn table_json(t: &TableInfo) -> Value {
+    let versions: Vec<Value> = t
+        .versions
+        .iter()
+        .map(
+            |v| json!({"number": v.number, "sealed": v.sealed, "items": v.items, "bytes": v.bytes}),
+        )
+        .collect();
+    json!({
+        "name": t.name, "partitions": t.partitions, "replication": t.replication,
+        "value_type": vt_to_json(t.value_type), "current_version": t.current_version, "versions": versions,
+    })
+}
+
+fn keys_of(g: &Value) -> Vec<Vec<u8>> {
+    arr(&g["keys_hex"]).iter().map(|k| unhex(s(k))).collect()
+}
+
+fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    match op {
+        Opcode::Get | Opcode::Delete => {
+            let (t, v, e) = batch_head(f);
+            let mut w = KeyBatchWriter::begin(&mut out, op, id, t, v, e).unwrap();
+            for g in arr(&f["groups"]) {
+                w.group(u32_(&g["partition"]), keys_of(g)).unwrap();
+            }
+            w.finish().unwrap();
+        }
+        Opcode::Put => {
+            let (t, v, e) = batch_head(f);
+            let vt = vt_from_json(&f["value_type"]);
+            let mut w = PutWriter::begin(&mut out, id, t, v, e, vt).unwrap();
+            for g in arr(&f["groups"]) {
+                let (p, keys, values) = (u32_(&g["partition"]), keys_of(g), arr(&g["values"]));
+                // Each value type goes through its own typed helper, as a client would call it.
+                match vt {
+                    ValueType::Bytes => {
+                        w.group_bytes(p, &keys, values.iter().map(|v| unhex(s(v))))
+                            .unwrap();
+                    }
+                    ValueType::I64 => {
+                        let v: Vec<i64> = values.iter().map(|v| v.as_i64().unwrap()).collect();
+                        w.group_i64(p, &keys, &v).unwrap();
+                    }
+                    ValueType::F64 => {
+                        let v: Vec<f64> = values.iter().map(|v| v.as_f64().unwrap()).collect();
+                        w.group_f64(p, &keys, &v).unwrap();
+                    }
+                    ValueType::F32Vec(_) => {
+                        let v: Vec<f32> = values
+                            .iter()
+                            .flat_map(arr)
+                            .map(|x| x.as_f64().unwrap() as f32)
+                            .collect();
+                        w.group_f32(p, &keys, &v).unwrap();
+                    }
+                }
+            }
+            w.finish().unwrap();
+        }
+        _ => {
+            let token = f.get("token_hex").map(|t| unhex(s(t))).unwrap_or_default();
+            let spec = f.get("spec_hex").map(|t| unhex(s(t))).unwrap_or_default();
+            let name = || s(&f["name"]);
+            let vr = || VersionRef {
+                table: s(&f["table"]),
+                version: u32_(&f["version"]),
+            };
+            let req = match op {
+                Opcode::Hello => Request::Hello(Hello {
+                    protocol_version: u8::try_from(u(&f["protocol_version"])).unwrap(),
+                    token: &token,
+                    client_name: s(&f["client_name"]),
+                }),
+                Opcode::Ping => Request::Ping,
+                Opcode::CreateTable => Request::CreateTable(CreateTable {
+                    name: name(),
+                    partitions: u32_(&f["partitions"]),
+                    replication: u32_(&f["replication"]),
+                    value_type: vt_from_json(&f["value_type"]),
+                }),
+                Opcode::DropTable => Request::DropTable { name: name() },
+                Opcode::ListTables => Request::ListTables,
+                Opcode::DescribeTable => Request::DescribeTable { name: name() },
+                Opcode::CreateVersion => Request::CreateVersion(vr()),
+                Opcode::SealVersion => Request::SealVersion(vr()),
+                Opcode::SetCurrent => Request::SetCurrent(vr()),
+                Opcode::DropVersion => Request::DropVersion(vr()),
+                Opcode::SetSpec => Request::SetSpec { spec: &spec },
+                Opcode::GetSpec => Request::GetSpec,
+                Opcode::Get | Opcode::Put | Opcode::Delete => unreachable!(),
+            };
+            req.encode(&mut out, id).unwrap();
+        }
+    }
+    out
+}
+
+fn batch_head(f: &Value) -> (&str, u32, u64) {
+    (s(&f["table"]), u32_(&f["version"]), u(&f["epoch"]))
+}
+
+fn encode_response(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    let status = Status::from_name(s(&f["status"])).expect("status name");
+    if status != Status::Ok {
+        let e = ErrorReply {
+            status,
+            server_epoch: f.get("server_epoch").map(u).unwrap_or(0),
+            partitions: f
+                .get("partitions")
+                .map(|p| arr(p).iter().map(u32_).collect())
+                .unwrap_or_default(),
+            message: s(&f["message"]).to_owned(),
+        };
+        encode_error(&mut out, op, id, &e).unwrap();
+        return out;
+    }
+    let key_statuses = || -> Vec<KeyStatus> {
+        arr(&f["statuses"])
+            .iter()
+            .map(|k| KeyStatus::from_name(s(k)).expect("key status"))
+            .collect()
+    };
+    let spec = f.get("spec_hex").map(|t| unhex(s(t))).unwrap_or_default();
+    let resp = match op {
+        Opcode::Get => {
+            let vt = vt_from_json(&f["value_type"]);
+            let st = key_statuses();
+            let mut w =
+                GetReplyWriter::begin(&mut out, id, u32_(&f["version"]), vt, st.len()).unwrap();
+            for (k, v) in st.iter().zip(arr(&f["values"])) {
+                match k {
+                    KeyStatus::Ok => w.push_hit(&value_bytes(vt, v)).unwrap(),
+                    other => w.push_status(*other).unwrap(),
+                }
+            }
+            w.finish().unwrap();
+            return out;
+        }
+        Opcode::Put | Opcode::Delete => {
+            let st = key_statuses();
+            let mut w = KeyStatusWriter::begin(&mut out, op, id, st.len()).unwrap();
+            for k in st {
+                w.push(k).unwrap();
+            }
+            w.finish().unwrap();
+            return out;
+        }
+        Opcode::Hello => Response::Hello(HelloOk {
+            protocol_version: u8::try_from(u(&f["protocol_version"])).unwrap(),
+            server_id: s(&f["server_id"]),
+            epoch: u(&f["epoch"]),
+            max_body: u32_(&f["max_body"]),
+        }),
+        Opcode::ListTables => {
+            Response::Tables(arr(&f["tables"]).iter().map(table_from_json).collect())
+        }
+        Opcode::DescribeTable => Response::Table(table_from_json(&f["table"])),
+        Opcode::SetSpec => Response::SpecSet {
+            epoch: u(&f["epoch"]),
+        },
+        Opcode::GetSpec => Response::Spec(SpecReply {
+            epoch: u(&f["epoch"]),
+            spec: &spec,
+        }),
+        _ => Response::Done,
+    };
+    resp.encode(&mut out, op, id).unwrap();
+    out
+}
+
+fn request_json(req: &Request<'_>) -> Value {
+    let batch = |b: &KeyBatch<'_>| {
+        let groups: Vec<Value> = b
+            .groups
+            .iter()
+            .map(|g| json!({"partition": g.partition, "keys_hex": g.keys.map(hex).collect::<Vec<_>>()}))
+            .collect();
+        json!({"table": b.table, "version": b.version, "epoch": b.epoch, "groups": groups})
+    };
+    let vr = |v: &VersionRef<'_>| json!({"table": v.table, "version": v.version});
+    match req {
+        Request::Hello(h) => json!({
+            "protocol_version": h.protocol_version, "token_hex": hex(h.token), "client_name": h.client_name,
+        }),
+        Request::Ping | Request::ListTables | Request::GetSpec => json!({}),
+        Request::CreateTable(c) => json!({
+            "name": c.name, "partitions": c.partitions, "replication": c.replication,
+            "value_type": vt_to_json(c.value_type),
+        }),
+        Request::DropTable { name } | Request::DescribeTable { name } => json!({ "name": name }),
+        Request::CreateVersion(v)
+        | Request::SealVersion(v)
+        | Request::SetCurrent(v)
+        | Request::DropVersion(v) => vr(v),
+        Request::SetSpec { spec } => json!({"spec_hex": hex(spec)}),
+        Request::Get(b) | Request::Delete(b) => batch(b),
+        Request::Put(p) => {
+            let groups: Vec<Value> = p
+                .groups
+                .iter()
+                .map(|g| {
+                    json!({
+                        "partition": g.partition,
+                        "keys_hex": g.keys.map(hex).collect::<Vec<_>>(),
+                        "values": g.values.map(|v| value_json(p.value_type, v)).collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+            json!({
+                "table": p.table, "version": p.version, "epoch": p.epoch,
+                "value_type": vt_to_json(p.value_type), "groups": groups,
+            })
+        }
+    }
+}
+
+fn response_json(resp: &Response<'_>) -> Value {
+    let mut m = Map::new();
+    let status = match resp {
+        Response::Error(e) => e.status.name(),
+        _ => "OK",
+    };
+    m.insert("status".into(), json!(status));
+    let mut put = |k: &str, v: Value| m.insert(k.into(), v);
+    match resp {
+        Response::Error(e) => {
+            if e.status == Status::WrongEpoch {
+                put("server_epoch", json!(e.server_epoch));
+            }
+            if e.status == Status::NotOwner {
+                put("partitions", json!(e.partitions));
+            }
+            put("message", json!(e.message));
+        }
+        Response::Hello(h) => {
+            put("protocol_version", json!(h.protocol_version));
+            put("server_id", json!(h.server_id));
+            put("epoch", json!(h.epoch));
+            put("max_body", json!(h.max_body));
+        }
+        Response::Done => {}
+        Response::Tables(ts) => {
+            put("tables", Value::Array(ts.iter().map(table_json).collect()));
+        }
+        Response::Table(t) => {
+            put("table", table_json(t));
+        }
+        Response::SpecSet { epoch } => {
+            put("epoch", json!(epoch));
+        }
+        Response::Spec(sp) => {
+            put("epoch", json!(sp.epoch));
+            put("spec_hex", json!(hex(sp.spec)));
+        }
+        Response::Get(g) => {
+            put("version", json!(g.version));
+            put("value_type", vt_to_json(g.value_type));
+            let (st, vals): (Vec<Value>, Vec<Value>) = g
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        json!(k.name()),
+                        v.map_or(Value::Null, |b| value_json(g.value_type, b)),
+                    )
+                })
+                .unzip();
+            put("statuses", Value::Array(st));
+            put("values", Value::Array(vals));
+        }
+        Response::KeyStatuses(ks) => {
+            put("statuses", ks.iter().map(|k| json!(k.name())).collect());
+        }
+    }
+    Value::Object(m)
+}
+
+/// JSON equality where numbers compare by value (a float 3.0 equals an integer 3).
+fn json_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            match (x.as_i64(), y.as_i64(), x.as_u64(), y.as_u64()) {
+                (Some(p), Some(q), _, _) => p == q,
+                (_, _, Some(p), Some(q)) => p == q,
+                _ => x.as_f64() == y.as_f64(),
+            }
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| json_eq(p, q))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+fn decode_frame_json(bytes: &[u8]) -> (Opcode, bool, u64, Value) {
+    let (frame, used) = parse_frame(bytes, 1 << 24).expect("vector frame parses");
+    assert_eq!(used, bytes.len(), "vector holds exactly one frame");
+    let fields = if frame.is_response() {
+        response_json(&Response::decode(&frame).expect("response decodes"))
+    } else {
+        request_json(&Request::decode(&frame).expect("request decodes"))
+    };
+    (frame.opcode, frame.is_response(), frame.request_id, fields)
+}
+
+#[test]
+fn native_frame_vectors() {
+    let mut doc = load("native.json");
+    let mut seen = std::collections::HashSet::new();
+    for v in doc["frames"].as_array_mut().unwrap() {
+        let name = s(&v["name"]).to_owned();
+        let op = Opcode::from_name(s(&v["opcode"])).unwrap_or_else(|| panic!("{name}: opcode"));
+        let response = v["response"].as_bool().unwrap();
+        let id = u(&v["request_id"]);
+        seen.insert((op, response));
+        let encoded = if response {
+            encode_response(op, id, &v["fields"])
+        } else {
+            encode_request(op, id, &v["fields"])
+        };
+        if bless() {
+            v["hex"] = json!(hex(&encoded));
+            continue;
+        }
+        assert_eq!(hex(&encoded), s(&v["hex"]), "{name}: encode(fields) != hex");
+        let (dop, dresp, did, fields) = decode_frame_json(&unhex(s(&v["hex"])));
+        assert_eq!((dop, dresp, did), (op, response, id), "{name}: header");
+        assert!(
+            json_eq(&fields, &v["fields"]),
+            "{name}: decode(hex) != fields\n got  {fields}\n want {}",
+            v["fields"]
+        );
+    }
+    for op in Opcode::ALL {
+        for response in [false, true] {
+            assert!(
+                seen.contains(&(op, response)),
+                "no vector for {} response={response}",
+                op.name()
+            );
+        }
+    }
+    if bless() {
+        save("native.json", &doc);
+    }
+}
+
+#[test]
+fn native_bad_frame_vectors() {
+    let doc = load("native.json");
+    for v in arr(&doc["bad_frames"]) {
+        let name = s(&v["name"]);
+        let bytes = unhex(s(&v["hex"]));
+        let max = u(&v["max_body"]) as usize;
+        let err = match (s(&v["stage"]), parse_frame(&bytes, max)) {
+            ("frame", Err(e)) => e,
+            ("request", Ok((f, _))) => Request::decode(&f).expect_err(name),
+            ("response", Ok((f, _))) => Response::decode(&f).expect_err(name),
+            (stage, other) => panic!("{name}: stage {stage} got {other:?}"),
+        };
+        assert_eq!(err.code(), s(&v["error"]), "{name}: {err}");
+        if let (FrameError::Incomplete { needed }, Some(want)) = (&err, v.get("needed")) {
+            assert_eq!(*needed as u64, u(want), "{name}: needed");
+        }
+    }
+}
+
+#[test]
+fn cluster_vectors() {
+    let mut doc = load("cluster.json");
+    let b = bless();
+    for v in doc["partition_of"].as_array_mut().unwrap() {
+        let got = partition_of(&unhex(s(&v["key_hex"])), u32_(&v["partitions"]));
+        if b {
+            v["partition"] = json!(got);
+        } else {
+            assert_eq!(u64::from(got), u(&v["partition"]), "partition_of {v}");
+        }
+    }
+    for v in doc["epochs"].as_array_mut().unwrap() {
+        let spec = ClusterSpec::parse(s(&v["spec"])).unwrap();
+        let canonical: String = spec
+            .servers()
+            .iter()
+            .map(|x| format!("server {x}\n"))
+            .collect();
+        assert_eq!(spec.epoch(), epoch_of(spec.servers()));
+        if b {
+            v["canonical"] = json!(canonical);
+            v["epoch"] = json!(spec.epoch());
+        } else {
+            assert_eq!(canonical, s(&v["canonical"]));
+            assert_eq!(spec.epoch(), u(&v["epoch"]), "epoch of {v}");
+        }
+    }
+    for v in doc["rendezvous_scores"].as_array_mut().unwrap() {
+        let got = rendezvous_score(s(&v["server"]), u32_(&v["partition"]));
+        if b {
+            v["score"] = json!(got);
+        } else {
+            assert_eq!(got, u(&v["score"]), "score {v}");
+        }
+    }
+    for v in doc["partition_maps"].as_array_mut().unwrap() {
+        let servers: Vec<&str> = arr(&v["servers"]).iter().map(s).collect();
+        let map =
+            PartitionMap::from_servers(&servers, u32_(&v["partitions"]), u32_(&v["replication"]));
+        let got: Vec<Vec<u32>> = (0..map.partitions())
+            .map(|p| map.replicas(p).to_vec())
+            .collect();
+        if b {
+            v["replicas"] = json!(got);
+        } else {
+            assert_eq!(json!(got), v["replicas"], "map {}", v["servers"]);
+        }
+    }
+    if b {
+        save("cluster.json", &doc);
+    }
+}

@@ -1,0 +1,499 @@
+//! The native batch protocol on the server side: a connection whose first byte is the native magic
+//! is served here, frame by frame, against the versioned tables (spec: docs/protocol-native.md).
+//!
+//! Invariants relied on:
+//! 1. With a token configured, nothing but HELLO and PING is answered before a HELLO with the right
+//!    token, and no data is touched.
+//! 2. A data request is checked whole (epoch, every group's partition ownership, table, version)
+//!    before any key is read or written: a refused request did nothing.
+//! 3. A GET frame reads ONE version: the first group resolves "current" and every later group reads
+//!    that same number, so a switch that lands mid-frame cannot mix versions in one reply.
+//! 4. A frame that does not parse closes the connection; the server and other connections go on.
+
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use ramgrid_proto::cluster::{ClusterSpec, PartitionMap};
+use ramgrid_proto::native::{
+    self as wire, parse_frame, ErrorReply, FrameError, GetReplyWriter, HelloOk, KeyStatusWriter, Opcode, Request,
+    Response, SpecReply, Status, HEADER_LEN, PROTOCOL_VERSION,
+};
+use ramgrid_store::tables::{self, KeyStatus as StoreKeyStatus, TableSpec, Tables, ValueRef, ValueType};
+use ramgrid_store::Error as StoreError;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::stats::WorkerStats;
+
+/// Flush replies mid-batch once this much is pending.
+const OUT_HIGH_WATER: usize = 1 << 20;
+const READ_CHUNK: usize = 64 << 10;
+
+/// The installed cluster spec and what this server derives from it.
+#[derive(Debug, Clone)]
+pub struct ClusterState {
+    /// The spec as installed.
+    pub spec: ClusterSpec,
+    /// Its epoch.
+    pub epoch: u64,
+    /// This server's index in the spec, if it is listed.
+    pub index: Option<u32>,
+}
+
+/// Everything the native protocol needs that the memcached side does not.
+pub struct NativeState {
+    /// The versioned tables.
+    pub tables: Tables,
+    /// The installed spec; `None` until `--cluster-spec` or SET_SPEC (then this server holds every partition).
+    pub cluster: RwLock<Option<ClusterState>>,
+    /// Token clients must present in HELLO.
+    pub token: Option<String>,
+    /// This server's identity: its address as the spec lists it.
+    pub server_id: String,
+    /// Largest request body accepted.
+    pub max_body: usize,
+}
+
+impl NativeState {
+    /// Installs `spec` (from `--cluster-spec` or SET_SPEC) and recomputes which partitions of every
+    /// table this server holds. Refuses a spec that does not list this server.
+    pub fn install_spec(&self, spec: ClusterSpec) -> Result<u64, String> {
+        let index = spec.index_of(&self.server_id).map(|i| i as u32);
+        if index.is_none() {
+            return Err(format!("this server ({}) is not listed in the spec", self.server_id));
+        }
+        let epoch = spec.epoch();
+        let mut cluster = self.cluster.write();
+        for name in self.tables.list() {
+            if let Ok(info) = self.tables.describe(&name) {
+                let held = held_partitions(Some(&ClusterState { spec: spec.clone(), epoch, index }), &info.spec);
+                let _ = self.tables.set_held_partitions(&name, &held);
+            }
+        }
+        *cluster = Some(ClusterState { spec, epoch, index });
+        Ok(epoch)
+    }
+
+    fn epoch(&self) -> u64 {
+        self.cluster.read().as_ref().map_or(0, |c| c.epoch)
+    }
+}
+
+/// The partitions of `table` this server holds under `cluster` (all of them without a spec).
+fn held_partitions(cluster: Option<&ClusterState>, table: &TableSpec) -> Vec<u32> {
+    match cluster {
+        None => (0..table.partitions).collect(),
+        Some(c) => match c.index {
+            None => Vec::new(),
+            Some(i) => PartitionMap::new(&c.spec, table.partitions, table.replication).partitions_of(i).collect(),
+        },
+    }
+}
+
+/// Serves a native-protocol connection. `buf[..end]` already holds the first bytes read.
+pub async fn serve(
+    mut sock: TcpStream,
+    mut buf: Vec<u8>,
+    mut end: usize,
+    state: &NativeState,
+    stats: &WorkerStats,
+    mut stop: watch::Receiver<bool>,
+    write_timeout: Duration,
+) {
+    let mut conn = Conn { authed: state.token.is_none(), status: Vec::new(), values: Vec::new() };
+    let mut out = Vec::with_capacity(READ_CHUNK);
+    let mut start = 0usize;
+    loop {
+        loop {
+            match parse_frame(&buf[start..end], state.max_body) {
+                Ok((frame, used)) => {
+                    let req = match Request::decode(&frame) {
+                        Ok(r) => r,
+                        Err(_) => {
+                            // A body that does not decode: answer BAD_REQUEST, then close (protocol broken).
+                            let e = ErrorReply::new(Status::BadRequest, "malformed request body");
+                            let _ = wire::encode_error(&mut out, frame.opcode, frame.request_id, &e);
+                            let _ = flush(&mut sock, &mut out, stats, write_timeout).await;
+                            return;
+                        }
+                    };
+                    conn.handle(state, frame.opcode, frame.request_id, &req, &mut out);
+                    start += used;
+                    if out.len() >= OUT_HIGH_WATER && flush(&mut sock, &mut out, stats, write_timeout).await.is_err() {
+                        return;
+                    }
+                }
+                Err(FrameError::Incomplete { needed }) => {
+                    // Grow once to the size the header announced (bounded by max_body).
+                    if needed > buf.len() - start {
+                        buf.copy_within(start..end, 0);
+                        end -= start;
+                        start = 0;
+                        if needed > buf.len() {
+                            buf.resize(needed.max(READ_CHUNK), 0);
+                        }
+                    }
+                    break;
+                }
+                Err(_) => {
+                    // Bad magic, unknown opcode, oversized body: the peer broke the protocol.
+                    let _ = flush(&mut sock, &mut out, stats, write_timeout).await;
+                    return;
+                }
+            }
+        }
+        if !out.is_empty() && flush(&mut sock, &mut out, stats, write_timeout).await.is_err() {
+            return;
+        }
+        if start == end {
+            start = 0;
+            end = 0;
+            if buf.len() > 4 * READ_CHUNK {
+                buf = vec![0u8; READ_CHUNK];
+            }
+        } else if buf.len() - end < READ_CHUNK / 4 {
+            buf.copy_within(start..end, 0);
+            end -= start;
+            start = 0;
+            if buf.len() - end < READ_CHUNK / 4 {
+                let grow = buf.len() + READ_CHUNK;
+                buf.resize(grow, 0);
+            }
+        }
+        let n = tokio::select! {
+            r = sock.read(&mut buf[end..]) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            _ = stop.changed() => return,
+        };
+        WorkerStats::add(&stats.bytes_read, n as u64);
+        end += n;
+    }
+}
+
+async fn flush(sock: &mut TcpStream, out: &mut Vec<u8>, stats: &WorkerStats, timeout: Duration) -> std::io::Result<()> {
+    let r = match tokio::time::timeout(timeout, sock.write_all(out)).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "client stopped reading replies")),
+    };
+    WorkerStats::add(&stats.bytes_written, out.len() as u64);
+    out.clear();
+    if out.capacity() > 8 * OUT_HIGH_WATER {
+        out.shrink_to(READ_CHUNK);
+    }
+    r
+}
+
+/// Per-connection state: whether HELLO authenticated it, and scratch buffers reused across frames.
+struct Conn {
+    authed: bool,
+    status: Vec<u8>,
+    values: Vec<u8>,
+}
+
+fn store_value_type(vt: wire::ValueType) -> ValueType {
+    match vt {
+        wire::ValueType::Bytes => ValueType::Bytes,
+        wire::ValueType::I64 => ValueType::I64,
+        wire::ValueType::F64 => ValueType::F64,
+        wire::ValueType::F32Vec(dim) => ValueType::F32Vec { dim },
+    }
+}
+
+fn wire_value_type(vt: ValueType) -> wire::ValueType {
+    match vt {
+        ValueType::Bytes => wire::ValueType::Bytes,
+        ValueType::I64 => wire::ValueType::I64,
+        ValueType::F64 => wire::ValueType::F64,
+        ValueType::F32Vec { dim } => wire::ValueType::F32Vec(dim),
+    }
+}
+
+fn wire_key_status(s: u8) -> wire::KeyStatus {
+    match StoreKeyStatus::from_u8(s) {
+        Some(StoreKeyStatus::Ok) => wire::KeyStatus::Ok,
+        Some(StoreKeyStatus::NotFound) | None => wire::KeyStatus::NotFound,
+        Some(StoreKeyStatus::KeyTooLarge) => wire::KeyStatus::KeyTooLarge,
+        Some(StoreKeyStatus::ValueTooLarge) => wire::KeyStatus::ValueTooLarge,
+        Some(StoreKeyStatus::WrongType) => wire::KeyStatus::WrongType,
+        Some(StoreKeyStatus::OutOfMemory) => wire::KeyStatus::OutOfMemory,
+    }
+}
+
+/// Maps a store error to the frame-level refusal the protocol defines.
+fn refusal(e: &StoreError) -> ErrorReply {
+    let status = match e {
+        StoreError::NoSuchTable(_) => Status::NoSuchTable,
+        StoreError::TableExists(_) => Status::TableExists,
+        StoreError::NoSuchVersion(_) => Status::NoSuchVersion,
+        StoreError::VersionExists(_) => Status::VersionExists,
+        StoreError::VersionSealed(_) => Status::VersionSealed,
+        StoreError::VersionOpen(_) => Status::VersionNotSealed,
+        StoreError::NotHeld(p) => return ErrorReply::not_owner(vec![*p]),
+        StoreError::OutOfMemory => Status::OutOfMemory,
+        StoreError::TooLarge => Status::TooLarge,
+        _ => Status::BadRequest,
+    };
+    ErrorReply::new(status, e.to_string())
+}
+
+impl Conn {
+    fn handle(&mut self, state: &NativeState, op: Opcode, id: u64, req: &Request<'_>, out: &mut Vec<u8>) {
+        if let Err(e) = self.try_handle(state, op, id, req, out) {
+            let _ = wire::encode_error(out, op, id, &e);
+        }
+    }
+
+    fn try_handle(
+        &mut self,
+        state: &NativeState,
+        op: Opcode,
+        id: u64,
+        req: &Request<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), ErrorReply> {
+        let done = |out: &mut Vec<u8>, resp: Response<'_>| {
+            resp.encode(out, op, id).map_err(|e| ErrorReply::new(Status::Internal, e.to_string()))
+        };
+        match req {
+            Request::Hello(h) => {
+                if h.protocol_version != PROTOCOL_VERSION {
+                    return Err(ErrorReply::new(Status::UnsupportedProtocol, "this server speaks protocol version 1"));
+                }
+                if let Some(token) = &state.token {
+                    // Constant-time enough for a shared secret compared once per connection.
+                    let ok = h.token.len() == token.len()
+                        && h.token.iter().zip(token.as_bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+                    if !ok {
+                        self.authed = false;
+                        return Err(ErrorReply::new(Status::AuthFailed, "wrong auth token"));
+                    }
+                }
+                self.authed = true;
+                let max_body = u32::try_from(state.max_body).unwrap_or(u32::MAX);
+                let hello = HelloOk {
+                    protocol_version: PROTOCOL_VERSION,
+                    server_id: &state.server_id,
+                    epoch: state.epoch(),
+                    max_body,
+                };
+                return done(out, Response::Hello(hello));
+            }
+            Request::Ping => return done(out, Response::Done),
+            _ if !self.authed => return Err(ErrorReply::new(Status::AuthRequired, "send HELLO with the auth token first")),
+            _ => {}
+        }
+        match req {
+            Request::Hello(_) | Request::Ping => unreachable!("answered above"),
+            Request::CreateTable(c) => {
+                if c.partitions == 0 || c.partitions > tables::MAX_PARTITIONS {
+                    return Err(ErrorReply::new(
+                        Status::BadRequest,
+                        format!("partitions must be 1..={}", tables::MAX_PARTITIONS),
+                    ));
+                }
+                let spec = TableSpec {
+                    name: c.name.to_owned(),
+                    partitions: c.partitions,
+                    replication: c.replication.max(1),
+                    value_type: store_value_type(c.value_type),
+                };
+                let held = held_partitions(state.cluster.read().as_ref(), &spec);
+                state.tables.create_table(spec, &held).map_err(|e| refusal(&e))?;
+                done(out, Response::Done)
+            }
+            Request::DropTable { name } => {
+                state.tables.drop_table(name).map_err(|e| refusal(&e))?;
+                done(out, Response::Done)
+            }
+            Request::ListTables => {
+                let infos = state.tables.list().iter().filter_map(|n| state.tables.describe(n).ok()).map(table_info).collect();
+                done(out, Response::Tables(infos))
+            }
+            Request::DescribeTable { name } => {
+                let info = state.tables.describe(name).map_err(|e| refusal(&e))?;
+                done(out, Response::Table(table_info(info)))
+            }
+            Request::CreateVersion(v) | Request::SealVersion(v) | Request::SetCurrent(v) | Request::DropVersion(v) => {
+                if v.version == 0 {
+                    return Err(ErrorReply::new(Status::BadRequest, "version numbers start at 1"));
+                }
+                let n = v.version;
+                let r = match req {
+                    Request::CreateVersion(_) => state.tables.create_version(v.table, n),
+                    Request::SealVersion(_) => state.tables.seal_version(v.table, n),
+                    Request::SetCurrent(_) => state.tables.set_current(v.table, n),
+                    _ => state.tables.drop_version(v.table, n, false),
+                };
+                r.map_err(|e| refusal(&e))?;
+                done(out, Response::Done)
+            }
+            Request::SetSpec { spec } => {
+                let spec = ClusterSpec::parse_bytes(spec).map_err(|e| ErrorReply::new(Status::BadRequest, e.to_string()))?;
+                let epoch = state.install_spec(spec).map_err(|e| ErrorReply::new(Status::BadRequest, e))?;
+                done(out, Response::SpecSet { epoch })
+            }
+            Request::GetSpec => {
+                let cluster = state.cluster.read();
+                let (epoch, text) = match cluster.as_ref() {
+                    Some(c) => (c.epoch, c.spec.to_text()),
+                    None => (0, String::new()),
+                };
+                done(out, Response::Spec(SpecReply { epoch, spec: text.as_bytes() }))
+            }
+            Request::Get(b) => {
+                check_epoch(state, b.epoch)?;
+                let mut version = b.version;
+                self.status.clear();
+                self.values.clear();
+                for g in b.groups.iter() {
+                    version = state
+                        .tables
+                        .get_batch(b.table, version, g.partition, g.keys, &mut self.status, &mut self.values)
+                        .map_err(|e| self.refuse_groups(state, b.table, &e, b.groups.iter().map(|g| g.partition)))?;
+                }
+                let vt = state.tables.value_type(b.table).map_err(|e| refusal(&e))?;
+                let wvt = wire_value_type(vt);
+                                let mut w = GetReplyWriter::begin(out, id, version, wvt, self.status.len())
+                    .map_err(|e| ErrorReply::new(Status::Internal, e.to_string()))?;
+                let mut off = 0usize;
+                let enc = |e: FrameError| ErrorReply::new(Status::Internal, e.to_string());
+                for &s in &self.status {
+                    match vt.packed_width() {
+                        Some(width) => {
+                            if s == StoreKeyStatus::Ok as u8 {
+                                w.push_hit(&self.values[off..off + width]).map_err(enc)?;
+                            } else {
+                                w.push_status(wire_key_status(s)).map_err(enc)?;
+                            }
+                            off += width;
+                        }
+                        None => {
+                            if s == StoreKeyStatus::Ok as u8 {
+                                let len = u32::from_le_bytes(self.values[off..off + 4].try_into().unwrap_or_default()) as usize;
+                                w.push_hit(&self.values[off + 4..off + 4 + len]).map_err(enc)?;
+                                off += 4 + len;
+                            } else {
+                                w.push_status(wire_key_status(s)).map_err(enc)?;
+                            }
+                        }
+                    }
+                }
+                w.finish().map_err(enc)
+            }
+            Request::Put(p) => {
+                check_epoch(state, p.epoch)?;
+                let vt = state.tables.value_type(p.table).map_err(|e| refusal(&e))?;
+                let type_ok = store_value_type(p.value_type) == vt;
+                check_held(state, p.table, p.groups.iter().map(|g| g.partition))?;
+                self.status.clear();
+                let version = p.version;
+                for g in p.groups.iter() {
+                    if !type_ok {
+                        self.status.extend(std::iter::repeat_n(StoreKeyStatus::WrongType as u8, g.keys.len()));
+                        continue;
+                    }
+                    let items = g.keys.zip(g.values).map(|(k, v)| (k, value_ref(vt, v)));
+                    state
+                        .tables
+                        .put_batch(p.table, version, g.partition, items, &mut self.status)
+                        .map_err(|e| refusal(&e))?;
+                }
+                self.write_statuses(out, Opcode::Put, id)
+            }
+            Request::Delete(b) => {
+                check_epoch(state, b.epoch)?;
+                check_held(state, b.table, b.groups.iter().map(|g| g.partition))?;
+                self.status.clear();
+                for g in b.groups.iter() {
+                    state
+                        .tables
+                        .delete_batch(b.table, b.version, g.partition, g.keys, &mut self.status)
+                        .map_err(|e| refusal(&e))?;
+                }
+                self.write_statuses(out, Opcode::Delete, id)
+            }
+        }
+    }
+
+    fn write_statuses(&self, out: &mut Vec<u8>, op: Opcode, id: u64) -> Result<(), ErrorReply> {
+        let enc = |e: FrameError| ErrorReply::new(Status::Internal, e.to_string());
+        let mut w = KeyStatusWriter::begin(out, op, id, self.status.len()).map_err(enc)?;
+        for &s in &self.status {
+            w.push(wire_key_status(s)).map_err(enc)?;
+        }
+        w.finish().map_err(enc)
+    }
+
+    /// A GET group failed: if it was ownership, list every group's partition we do not hold.
+    fn refuse_groups(
+        &self,
+        state: &NativeState,
+        table: &str,
+        e: &StoreError,
+        partitions: impl Iterator<Item = u32>,
+    ) -> ErrorReply {
+        if matches!(e, StoreError::NotHeld(_)) {
+            if let Err(r) = check_held(state, table, partitions) {
+                return r;
+            }
+        }
+        refusal(e)
+    }
+}
+
+/// Decodes one wire value (already validated by the codec) into the store's view.
+fn value_ref(vt: ValueType, v: &[u8]) -> ValueRef<'_> {
+    let eight = |v: &[u8]| -> [u8; 8] { v.try_into().unwrap_or_default() };
+    match vt {
+        ValueType::I64 => ValueRef::I64(i64::from_le_bytes(eight(v))),
+        ValueType::F64 => ValueRef::F64(f64::from_le_bytes(eight(v))),
+        ValueType::F32Vec { .. } => ValueRef::F32VecLe(v),
+        ValueType::Bytes => ValueRef::Bytes(v),
+    }
+}
+
+fn check_epoch(state: &NativeState, epoch: u64) -> Result<(), ErrorReply> {
+    let mine = state.epoch();
+    if epoch != mine {
+        return Err(ErrorReply::wrong_epoch(mine));
+    }
+    Ok(())
+}
+
+/// Refuses with NOT_OWNER listing every requested partition this server does not hold, before any write.
+fn check_held(state: &NativeState, table: &str, partitions: impl Iterator<Item = u32>) -> Result<(), ErrorReply> {
+    let info = state.tables.describe(table).map_err(|e| refusal(&e))?;
+    let mut missing: Vec<u32> = partitions.filter(|p| info.held.binary_search(p).is_err()).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    missing.sort_unstable();
+    missing.dedup();
+    Err(ErrorReply::not_owner(missing))
+}
+
+fn table_info(info: tables::TableInfo) -> wire::TableInfo {
+    wire::TableInfo {
+        name: info.spec.name,
+        partitions: info.spec.partitions,
+        replication: info.spec.replication,
+        value_type: wire_value_type(info.spec.value_type),
+        current_version: u32::try_from(info.current).unwrap_or(u32::MAX),
+        versions: info
+            .versions
+            .iter()
+            .map(|v| wire::VersionInfo {
+                number: u32::try_from(v.number).unwrap_or(u32::MAX),
+                sealed: v.sealed,
+                items: v.items,
+                bytes: v.bytes,
+            })
+            .collect(),
+    }
+}
+
+/// Bytes of the frame header, re-exported for the connection's protocol sniffing.
+pub const FRAME_HEADER_LEN: usize = HEADER_LEN;
