@@ -65,10 +65,18 @@ async fn serve_memcache(
     let limits = shared.settings.limits;
     let mut start = 0usize;
     let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    // Bytes still to drop that a refused request said to skip (an oversized value's data block,
+    // which memcached swallows) but that have not arrived yet.
+    let mut discard = 0usize;
 
     loop {
+        if discard > 0 {
+            let n = discard.min(end - start);
+            start += n;
+            discard -= n;
+        }
         // Parse and execute every complete request we have.
-        loop {
+        while discard == 0 {
             match parse_request(&buf[start..end], &limits) {
                 Ok((req, used)) => {
                     start += used;
@@ -83,7 +91,9 @@ async fn serve_memcache(
                 }
                 Err(ParseError::Incomplete) => break,
                 Err(ParseError::Recoverable { consumed, reply }) => {
-                    start += consumed;
+                    let here = consumed.min(end - start);
+                    start += here;
+                    discard = consumed - here;
                     out.extend_from_slice(reply.as_bytes());
                 }
                 Err(ParseError::Fatal { reply, .. }) => {
