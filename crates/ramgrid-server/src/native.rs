@@ -15,10 +15,12 @@ use std::time::Duration;
 use parking_lot::RwLock;
 use ramgrid_proto::cluster::{ClusterSpec, PartitionMap};
 use ramgrid_proto::native::{
-    self as wire, parse_frame, ErrorReply, FrameError, GetReplyWriter, HelloOk, KeyStatusWriter, Opcode, Request,
-    Response, SpecReply, Status, HEADER_LEN, PROTOCOL_VERSION,
+    self as wire, parse_frame, ErrorReply, FrameError, GetReplyWriter, HelloOk, KeyStatusWriter,
+    Opcode, Request, Response, SpecReply, Status, HEADER_LEN, PROTOCOL_VERSION,
 };
-use ramgrid_store::tables::{self, KeyStatus as StoreKeyStatus, TableSpec, Tables, ValueRef, ValueType};
+use ramgrid_store::tables::{
+    self, KeyStatus as StoreKeyStatus, TableSpec, TableVersion, Tables, ValueRef, ValueType,
+};
 use ramgrid_store::Error as StoreError;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -61,13 +63,23 @@ impl NativeState {
     pub fn install_spec(&self, spec: ClusterSpec) -> Result<u64, String> {
         let index = spec.index_of(&self.server_id).map(|i| i as u32);
         if index.is_none() {
-            return Err(format!("this server ({}) is not listed in the spec", self.server_id));
+            return Err(format!(
+                "this server ({}) is not listed in the spec",
+                self.server_id
+            ));
         }
         let epoch = spec.epoch();
         let mut cluster = self.cluster.write();
         for name in self.tables.list() {
             if let Ok(info) = self.tables.describe(&name) {
-                let held = held_partitions(Some(&ClusterState { spec: spec.clone(), epoch, index }), &info.spec);
+                let held = held_partitions(
+                    Some(&ClusterState {
+                        spec: spec.clone(),
+                        epoch,
+                        index,
+                    }),
+                    &info.spec,
+                );
                 let _ = self.tables.set_held_partitions(&name, &held);
             }
         }
@@ -86,7 +98,9 @@ fn held_partitions(cluster: Option<&ClusterState>, table: &TableSpec) -> Vec<u32
         None => (0..table.partitions).collect(),
         Some(c) => match c.index {
             None => Vec::new(),
-            Some(i) => PartitionMap::new(&c.spec, table.partitions, table.replication).partitions_of(i).collect(),
+            Some(i) => PartitionMap::new(&c.spec, table.partitions, table.replication)
+                .partitions_of(i)
+                .collect(),
         },
     }
 }
@@ -101,7 +115,11 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
     write_timeout: Duration,
 ) {
-    let mut conn = Conn { authed: state.token.is_none(), status: Vec::new(), values: Vec::new() };
+    let mut conn = Conn {
+        authed: state.token.is_none(),
+        status: Vec::new(),
+        values: Vec::new(),
+    };
     let mut out = Vec::with_capacity(READ_CHUNK);
     let mut start = 0usize;
     loop {
@@ -113,14 +131,19 @@ pub async fn serve(
                         Err(_) => {
                             // A body that does not decode: answer BAD_REQUEST, then close (protocol broken).
                             let e = ErrorReply::new(Status::BadRequest, "malformed request body");
-                            let _ = wire::encode_error(&mut out, frame.opcode, frame.request_id, &e);
+                            let _ =
+                                wire::encode_error(&mut out, frame.opcode, frame.request_id, &e);
                             let _ = flush(&mut sock, &mut out, stats, write_timeout).await;
                             return;
                         }
                     };
                     conn.handle(state, frame.opcode, frame.request_id, &req, &mut out);
                     start += used;
-                    if out.len() >= OUT_HIGH_WATER && flush(&mut sock, &mut out, stats, write_timeout).await.is_err() {
+                    if out.len() >= OUT_HIGH_WATER
+                        && flush(&mut sock, &mut out, stats, write_timeout)
+                            .await
+                            .is_err()
+                    {
                         return;
                     }
                 }
@@ -143,7 +166,11 @@ pub async fn serve(
                 }
             }
         }
-        if !out.is_empty() && flush(&mut sock, &mut out, stats, write_timeout).await.is_err() {
+        if !out.is_empty()
+            && flush(&mut sock, &mut out, stats, write_timeout)
+                .await
+                .is_err()
+        {
             return;
         }
         if start == end {
@@ -173,10 +200,18 @@ pub async fn serve(
     }
 }
 
-async fn flush(sock: &mut TcpStream, out: &mut Vec<u8>, stats: &WorkerStats, timeout: Duration) -> std::io::Result<()> {
+async fn flush(
+    sock: &mut TcpStream,
+    out: &mut Vec<u8>,
+    stats: &WorkerStats,
+    timeout: Duration,
+) -> std::io::Result<()> {
     let r = match tokio::time::timeout(timeout, sock.write_all(out)).await {
         Ok(r) => r,
-        Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "client stopped reading replies")),
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "client stopped reading replies",
+        )),
     };
     WorkerStats::add(&stats.bytes_written, out.len() as u64);
     out.clear();
@@ -232,6 +267,7 @@ fn refusal(e: &StoreError) -> ErrorReply {
         StoreError::VersionSealed(_) => Status::VersionSealed,
         StoreError::VersionOpen(_) => Status::VersionNotSealed,
         StoreError::NotHeld(p) => return ErrorReply::not_owner(vec![*p]),
+        StoreError::VersionCurrent(_) => Status::BadRequest,
         StoreError::OutOfMemory => Status::OutOfMemory,
         StoreError::TooLarge => Status::TooLarge,
         _ => Status::BadRequest,
@@ -240,7 +276,14 @@ fn refusal(e: &StoreError) -> ErrorReply {
 }
 
 impl Conn {
-    fn handle(&mut self, state: &NativeState, op: Opcode, id: u64, req: &Request<'_>, out: &mut Vec<u8>) {
+    fn handle(
+        &mut self,
+        state: &NativeState,
+        op: Opcode,
+        id: u64,
+        req: &Request<'_>,
+        out: &mut Vec<u8>,
+    ) {
         if let Err(e) = self.try_handle(state, op, id, req, out) {
             let _ = wire::encode_error(out, op, id, &e);
         }
@@ -255,17 +298,25 @@ impl Conn {
         out: &mut Vec<u8>,
     ) -> Result<(), ErrorReply> {
         let done = |out: &mut Vec<u8>, resp: Response<'_>| {
-            resp.encode(out, op, id).map_err(|e| ErrorReply::new(Status::Internal, e.to_string()))
+            resp.encode(out, op, id)
+                .map_err(|e| ErrorReply::new(Status::Internal, e.to_string()))
         };
         match req {
             Request::Hello(h) => {
                 if h.protocol_version != PROTOCOL_VERSION {
-                    return Err(ErrorReply::new(Status::UnsupportedProtocol, "this server speaks protocol version 1"));
+                    return Err(ErrorReply::new(
+                        Status::UnsupportedProtocol,
+                        "this server speaks protocol version 1",
+                    ));
                 }
                 if let Some(token) = &state.token {
                     // Constant-time enough for a shared secret compared once per connection.
                     let ok = h.token.len() == token.len()
-                        && h.token.iter().zip(token.as_bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+                        && h.token
+                            .iter()
+                            .zip(token.as_bytes())
+                            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                            == 0;
                     if !ok {
                         self.authed = false;
                         return Err(ErrorReply::new(Status::AuthFailed, "wrong auth token"));
@@ -282,7 +333,12 @@ impl Conn {
                 return done(out, Response::Hello(hello));
             }
             Request::Ping => return done(out, Response::Done),
-            _ if !self.authed => return Err(ErrorReply::new(Status::AuthRequired, "send HELLO with the auth token first")),
+            _ if !self.authed => {
+                return Err(ErrorReply::new(
+                    Status::AuthRequired,
+                    "send HELLO with the auth token first",
+                ))
+            }
             _ => {}
         }
         match req {
@@ -301,7 +357,10 @@ impl Conn {
                     value_type: store_value_type(c.value_type),
                 };
                 let held = held_partitions(state.cluster.read().as_ref(), &spec);
-                state.tables.create_table(spec, &held).map_err(|e| refusal(&e))?;
+                state
+                    .tables
+                    .create_table(spec, &held)
+                    .map_err(|e| refusal(&e))?;
                 done(out, Response::Done)
             }
             Request::DropTable { name } => {
@@ -309,16 +368,28 @@ impl Conn {
                 done(out, Response::Done)
             }
             Request::ListTables => {
-                let infos = state.tables.list().iter().filter_map(|n| state.tables.describe(n).ok()).map(table_info).collect();
+                let infos = state
+                    .tables
+                    .list()
+                    .iter()
+                    .filter_map(|n| state.tables.describe(n).ok())
+                    .map(table_info)
+                    .collect();
                 done(out, Response::Tables(infos))
             }
             Request::DescribeTable { name } => {
                 let info = state.tables.describe(name).map_err(|e| refusal(&e))?;
                 done(out, Response::Table(table_info(info)))
             }
-            Request::CreateVersion(v) | Request::SealVersion(v) | Request::SetCurrent(v) | Request::DropVersion(v) => {
+            Request::CreateVersion(v)
+            | Request::SealVersion(v)
+            | Request::SetCurrent(v)
+            | Request::DropVersion(v) => {
                 if v.version == 0 {
-                    return Err(ErrorReply::new(Status::BadRequest, "version numbers start at 1"));
+                    return Err(ErrorReply::new(
+                        Status::BadRequest,
+                        "version numbers start at 1",
+                    ));
                 }
                 let n = v.version;
                 let r = match req {
@@ -331,8 +402,11 @@ impl Conn {
                 done(out, Response::Done)
             }
             Request::SetSpec { spec } => {
-                let spec = ClusterSpec::parse_bytes(spec).map_err(|e| ErrorReply::new(Status::BadRequest, e.to_string()))?;
-                let epoch = state.install_spec(spec).map_err(|e| ErrorReply::new(Status::BadRequest, e))?;
+                let spec = ClusterSpec::parse_bytes(spec)
+                    .map_err(|e| ErrorReply::new(Status::BadRequest, e.to_string()))?;
+                let epoch = state
+                    .install_spec(spec)
+                    .map_err(|e| ErrorReply::new(Status::BadRequest, e))?;
                 done(out, Response::SpecSet { epoch })
             }
             Request::GetSpec => {
@@ -341,22 +415,31 @@ impl Conn {
                     Some(c) => (c.epoch, c.spec.to_text()),
                     None => (0, String::new()),
                 };
-                done(out, Response::Spec(SpecReply { epoch, spec: text.as_bytes() }))
+                done(
+                    out,
+                    Response::Spec(SpecReply {
+                        epoch,
+                        spec: text.as_bytes(),
+                    }),
+                )
             }
             Request::Get(b) => {
                 check_epoch(state, b.epoch)?;
-                let mut version = b.version;
+                // Resolve the version once: every group of this frame reads that one version.
+                let tv = state
+                    .tables
+                    .at(b.table, b.version)
+                    .map_err(|e| refusal(&e))?;
+                check_held(&tv, b.groups.iter().map(|g| g.partition))?;
                 self.status.clear();
                 self.values.clear();
                 for g in b.groups.iter() {
-                    version = state
-                        .tables
-                        .get_batch(b.table, version, g.partition, g.keys, &mut self.status, &mut self.values)
-                        .map_err(|e| self.refuse_groups(state, b.table, &e, b.groups.iter().map(|g| g.partition)))?;
+                    tv.get_batch(g.partition, g.keys, &mut self.status, &mut self.values)
+                        .map_err(|e| refusal(&e))?;
                 }
-                let vt = state.tables.value_type(b.table).map_err(|e| refusal(&e))?;
+                let (vt, version) = (tv.value_type(), tv.version());
                 let wvt = wire_value_type(vt);
-                                let mut w = GetReplyWriter::begin(out, id, version, wvt, self.status.len())
+                let mut w = GetReplyWriter::begin(out, id, version, wvt, self.status.len())
                     .map_err(|e| ErrorReply::new(Status::Internal, e.to_string()))?;
                 let mut off = 0usize;
                 let enc = |e: FrameError| ErrorReply::new(Status::Internal, e.to_string());
@@ -372,8 +455,11 @@ impl Conn {
                         }
                         None => {
                             if s == StoreKeyStatus::Ok as u8 {
-                                let len = u32::from_le_bytes(self.values[off..off + 4].try_into().unwrap_or_default()) as usize;
-                                w.push_hit(&self.values[off + 4..off + 4 + len]).map_err(enc)?;
+                                let len = u32::from_le_bytes(
+                                    self.values[off..off + 4].try_into().unwrap_or_default(),
+                                ) as usize;
+                                w.push_hit(&self.values[off + 4..off + 4 + len])
+                                    .map_err(enc)?;
                                 off += 4 + len;
                             } else {
                                 w.push_status(wire_key_status(s)).map_err(enc)?;
@@ -385,32 +471,44 @@ impl Conn {
             }
             Request::Put(p) => {
                 check_epoch(state, p.epoch)?;
-                let vt = state.tables.value_type(p.table).map_err(|e| refusal(&e))?;
+                let tv = state
+                    .tables
+                    .at(p.table, p.version)
+                    .map_err(|e| refusal(&e))?;
+                if tv.is_sealed() {
+                    return Err(refusal(&StoreError::VersionSealed(tv.version())));
+                }
+                check_held(&tv, p.groups.iter().map(|g| g.partition))?;
+                let vt = tv.value_type();
                 let type_ok = store_value_type(p.value_type) == vt;
-                check_held(state, p.table, p.groups.iter().map(|g| g.partition))?;
                 self.status.clear();
-                let version = p.version;
                 for g in p.groups.iter() {
                     if !type_ok {
-                        self.status.extend(std::iter::repeat_n(StoreKeyStatus::WrongType as u8, g.keys.len()));
+                        self.status.extend(std::iter::repeat_n(
+                            StoreKeyStatus::WrongType as u8,
+                            g.keys.len(),
+                        ));
                         continue;
                     }
                     let items = g.keys.zip(g.values).map(|(k, v)| (k, value_ref(vt, v)));
-                    state
-                        .tables
-                        .put_batch(p.table, version, g.partition, items, &mut self.status)
+                    tv.put_batch(g.partition, items, &mut self.status)
                         .map_err(|e| refusal(&e))?;
                 }
                 self.write_statuses(out, Opcode::Put, id)
             }
             Request::Delete(b) => {
                 check_epoch(state, b.epoch)?;
-                check_held(state, b.table, b.groups.iter().map(|g| g.partition))?;
+                let tv = state
+                    .tables
+                    .at(b.table, b.version)
+                    .map_err(|e| refusal(&e))?;
+                if tv.is_sealed() {
+                    return Err(refusal(&StoreError::VersionSealed(tv.version())));
+                }
+                check_held(&tv, b.groups.iter().map(|g| g.partition))?;
                 self.status.clear();
                 for g in b.groups.iter() {
-                    state
-                        .tables
-                        .delete_batch(b.table, b.version, g.partition, g.keys, &mut self.status)
+                    tv.delete_batch(g.partition, g.keys, &mut self.status)
                         .map_err(|e| refusal(&e))?;
                 }
                 self.write_statuses(out, Opcode::Delete, id)
@@ -425,22 +523,6 @@ impl Conn {
             w.push(wire_key_status(s)).map_err(enc)?;
         }
         w.finish().map_err(enc)
-    }
-
-    /// A GET group failed: if it was ownership, list every group's partition we do not hold.
-    fn refuse_groups(
-        &self,
-        state: &NativeState,
-        table: &str,
-        e: &StoreError,
-        partitions: impl Iterator<Item = u32>,
-    ) -> ErrorReply {
-        if matches!(e, StoreError::NotHeld(_)) {
-            if let Err(r) = check_held(state, table, partitions) {
-                return r;
-            }
-        }
-        refusal(e)
     }
 }
 
@@ -463,10 +545,9 @@ fn check_epoch(state: &NativeState, epoch: u64) -> Result<(), ErrorReply> {
     Ok(())
 }
 
-/// Refuses with NOT_OWNER listing every requested partition this server does not hold, before any write.
-fn check_held(state: &NativeState, table: &str, partitions: impl Iterator<Item = u32>) -> Result<(), ErrorReply> {
-    let info = state.tables.describe(table).map_err(|e| refusal(&e))?;
-    let mut missing: Vec<u32> = partitions.filter(|p| info.held.binary_search(p).is_err()).collect();
+/// Refuses with NOT_OWNER listing every requested partition this server does not hold, before any key is touched.
+fn check_held(tv: &TableVersion, partitions: impl Iterator<Item = u32>) -> Result<(), ErrorReply> {
+    let mut missing: Vec<u32> = partitions.filter(|&p| !tv.is_held(p)).collect();
     if missing.is_empty() {
         return Ok(());
     }
@@ -481,12 +562,12 @@ fn table_info(info: tables::TableInfo) -> wire::TableInfo {
         partitions: info.spec.partitions,
         replication: info.spec.replication,
         value_type: wire_value_type(info.spec.value_type),
-        current_version: u32::try_from(info.current).unwrap_or(u32::MAX),
+        current_version: info.current,
         versions: info
             .versions
             .iter()
             .map(|v| wire::VersionInfo {
-                number: u32::try_from(v.number).unwrap_or(u32::MAX),
+                number: v.number,
                 sealed: v.sealed,
                 items: v.items,
                 bytes: v.bytes,

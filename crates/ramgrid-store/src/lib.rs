@@ -7,9 +7,17 @@
 
 pub mod cache;
 pub mod clock;
+pub mod tables;
 
-pub use cache::{ArithOutcome, Cache, CacheConfig, CacheStats, DeleteOutcome, GetHit, GetOptions, ItemView, SetMode, StoreOutcome};
+pub use cache::{
+    ArithOutcome, Cache, CacheConfig, CacheStats, DeleteOutcome, GetHit, GetOptions, ItemView,
+    SetMode, StoreOutcome,
+};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use tables::{
+    packed_values, KeyStatus, PackedValues, PartitionView, TableInfo, TableSpec, TableVersion,
+    Tables, TablesConfig, ValueRef, ValueType, VersionInfo,
+};
 
 /// What went wrong in a store call. Expected outcomes (miss, NOT_STORED, EXISTS) are values, not errors.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -21,6 +29,36 @@ pub enum Error {
     /// The memory limit is reached and eviction is off, or nothing could be evicted.
     #[error("out of memory storing object")]
     OutOfMemory,
+    /// No table of this name.
+    #[error("no such table: {0}")]
+    NoSuchTable(String),
+    /// A table of this name exists already.
+    #[error("table already exists: {0}")]
+    TableExists(String),
+    /// No such version (0 here: the table has no current version).
+    #[error("no such version: {0}")]
+    NoSuchVersion(u32),
+    /// The version number is taken.
+    #[error("version already exists: {0}")]
+    VersionExists(u32),
+    /// The version is sealed; it can no longer be written.
+    #[error("version {0} is sealed")]
+    VersionSealed(u32),
+    /// The version is still open; only a sealed version can become current.
+    #[error("version {0} is not sealed")]
+    VersionOpen(u32),
+    /// The version is current; drop it only with force.
+    #[error("version {0} is current")]
+    VersionCurrent(u32),
+    /// This store does not hold the partition under the current cluster map.
+    #[error("partition {0} is not held here")]
+    NotHeld(u32),
+    /// A value or request of the wrong type for the table.
+    #[error("wrong value type for table")]
+    WrongType,
+    /// A malformed argument (bad spec, partition out of range, malformed packed values).
+    #[error("invalid argument: {0}")]
+    Invalid(String),
 }
 
 /// A stable, matchable classification of [`Error`].
@@ -31,6 +69,26 @@ pub enum ErrorKind {
     TooLarge,
     /// See [`Error::OutOfMemory`].
     OutOfMemory,
+    /// See [`Error::NoSuchTable`].
+    NoSuchTable,
+    /// See [`Error::TableExists`].
+    TableExists,
+    /// See [`Error::NoSuchVersion`].
+    NoSuchVersion,
+    /// See [`Error::VersionExists`].
+    VersionExists,
+    /// See [`Error::VersionSealed`].
+    VersionSealed,
+    /// See [`Error::VersionOpen`].
+    VersionOpen,
+    /// See [`Error::VersionCurrent`].
+    VersionCurrent,
+    /// See [`Error::NotHeld`].
+    NotHeld,
+    /// See [`Error::WrongType`].
+    WrongType,
+    /// See [`Error::Invalid`].
+    Invalid,
 }
 
 impl Error {
@@ -39,6 +97,16 @@ impl Error {
         match self {
             Error::TooLarge => ErrorKind::TooLarge,
             Error::OutOfMemory => ErrorKind::OutOfMemory,
+            Error::NoSuchTable(_) => ErrorKind::NoSuchTable,
+            Error::TableExists(_) => ErrorKind::TableExists,
+            Error::NoSuchVersion(_) => ErrorKind::NoSuchVersion,
+            Error::VersionExists(_) => ErrorKind::VersionExists,
+            Error::VersionSealed(_) => ErrorKind::VersionSealed,
+            Error::VersionOpen(_) => ErrorKind::VersionOpen,
+            Error::VersionCurrent(_) => ErrorKind::VersionCurrent,
+            Error::NotHeld(_) => ErrorKind::NotHeld,
+            Error::WrongType => ErrorKind::WrongType,
+            Error::Invalid(_) => ErrorKind::Invalid,
         }
     }
 }

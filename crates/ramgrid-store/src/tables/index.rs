@@ -1,0 +1,323 @@
+//! The hash index of one partition: key hash -> key slot, in buckets of one cache line each.
+//!
+//! Why not `hashbrown::HashTable`: its control bytes and its slots live in two places, so a lookup
+//! is two dependent cache misses, and it offers no way to prefetch a bucket ahead of probing it.
+//! Here a bucket holds ten (16-bit tag, u32 key slot) pairs in one 64-byte line, and
+//! [`Index::prefetch`] lets a batch lookup bring the lines of a whole group of keys in at once.
+//! Measured with examples/tables_bench.rs (1 M keys, batches of 1000, on the project's 2-core VM
+//! where a dependent cache miss costs ~180 ns): 154 ns/key with `HashTable<u32>` and no
+//! prefetching, 75 ns/key with `HashTable<u32>` and the rest of the lookup prefetched, 58 ns/key
+//! with this index; and 8 ns/key for all of them when the table fits in cache.
+//!
+//! Layout: `home(h)` is a multiply-shift of the hash onto the bucket count; a key lives in its
+//! home bucket or, if that was full when it was inserted, in one of the next `max_probe` buckets
+//! (linear probing over buckets, wrapping). A bucket whose keys spilled over has `overflow` set,
+//! so a lookup that misses in a bucket without it stops there. Deletes clear the tag; overflow
+//! flags are only reset by a rebuild (growth, shrink, compaction). At most 8 of 10 places per
+//! bucket are used on average, so probing past the home bucket is the exception.
+
+use std::fmt;
+
+/// Places per bucket.
+const WAYS: usize = 10;
+
+/// Average keys per bucket above which the index grows (80% of the places).
+const MAX_LOAD: usize = 8;
+
+/// Average keys per bucket a shrink aims at, leaving room so sealed data rarely probes twice.
+const SHRINK_LOAD: usize = 7;
+
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(64))]
+struct Bucket {
+    /// 0 = empty place; otherwise the key's tag (never 0).
+    tags: [u16; WAYS],
+    slots: [u32; WAYS],
+    /// Some key whose probe passed through this bucket lives further on.
+    overflow: u16,
+    _pad: u16,
+}
+
+/// What the home bucket alone says about a hash (see [`Index::first_candidate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Candidate {
+    /// The first place in the home bucket with this tag: probably the key, to be confirmed.
+    Slot(u32),
+    /// No key with this hash is in the index.
+    Absent,
+    /// Not in the home bucket, but it may be further on: do a full [`Index::find`].
+    Unsure,
+}
+
+#[inline]
+fn tag(h: u64) -> u16 {
+    (h as u16).max(1)
+}
+
+/// The index. Keys themselves live in the partition's key arena; the index stores their slots
+/// and asks the caller to compare keys (`eq`) and to re-hash slots when it rebuilds.
+pub(crate) struct Index {
+    buckets: Vec<Bucket>,
+    len: usize,
+    /// Most buckets past its home that any key now in the index had to go.
+    max_probe: usize,
+}
+
+impl fmt::Debug for Index {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Index")
+            .field("buckets", &self.buckets.len())
+            .field("len", &self.len)
+            .field("max_probe", &self.max_probe)
+            .finish()
+    }
+}
+
+impl Index {
+    pub(crate) fn new() -> Self {
+        Index {
+            buckets: Vec::new(),
+            len: 0,
+            max_probe: 0,
+        }
+    }
+
+    /// Keys in the index.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Bytes the index has allocated.
+    pub(crate) fn allocation_size(&self) -> usize {
+        self.buckets.capacity() * std::mem::size_of::<Bucket>()
+    }
+
+    /// Whether one more insert needs [`Index::grow`] first.
+    pub(crate) fn needs_growth(&self) -> bool {
+        self.len + 1 > self.buckets.len() * MAX_LOAD
+    }
+
+    /// Bytes the bucket array allocated by the next [`Index::grow`] takes (the old one is freed
+    /// once the keys moved over).
+    pub(crate) fn growth_bytes(&self) -> usize {
+        Self::grown(self.buckets.len()) * std::mem::size_of::<Bucket>()
+    }
+
+    fn grown(buckets: usize) -> usize {
+        (buckets * 2).max(1)
+    }
+
+    #[inline]
+    fn home(&self, h: u64) -> usize {
+        ((h as u128 * self.buckets.len() as u128) >> 64) as usize
+    }
+
+    #[inline]
+    fn next(&self, b: usize) -> usize {
+        if b + 1 == self.buckets.len() {
+            0
+        } else {
+            b + 1
+        }
+    }
+
+    /// Start loading the home bucket of `h` into the cache.
+    #[inline]
+    pub(crate) fn prefetch(&self, h: u64) {
+        if !self.buckets.is_empty() {
+            super::partition::prefetch(self.buckets.as_ptr().wrapping_add(self.home(h)));
+        }
+    }
+
+    /// Look at the home bucket only, comparing tags but not keys.
+    #[inline]
+    pub(crate) fn first_candidate(&self, h: u64) -> Candidate {
+        if self.buckets.is_empty() {
+            return Candidate::Absent;
+        }
+        let b = &self.buckets[self.home(h)];
+        let t = tag(h);
+        match b.tags.iter().position(|&x| x == t) {
+            Some(i) => Candidate::Slot(b.slots[i]),
+            None if b.overflow == 0 => Candidate::Absent,
+            None => Candidate::Unsure,
+        }
+    }
+
+    /// The slot of the key with hash `h` for which `eq(slot)` holds.
+    #[inline]
+    pub(crate) fn find(&self, h: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
+        if self.buckets.is_empty() {
+            return None;
+        }
+        let t = tag(h);
+        let mut b = self.home(h);
+        for _ in 0..=self.max_probe {
+            let bucket = &self.buckets[b];
+            for i in 0..WAYS {
+                if bucket.tags[i] == t && eq(bucket.slots[i]) {
+                    return Some(bucket.slots[i]);
+                }
+            }
+            if bucket.overflow == 0 {
+                return None;
+            }
+            b = self.next(b);
+        }
+        None
+    }
+
+    /// Add a key known to be absent. The caller made room with [`Index::grow`] when
+    /// [`Index::needs_growth`] said so; this never allocates.
+    pub(crate) fn insert_unique(&mut self, h: u64, slot: u32) {
+        debug_assert!(!self.needs_growth(), "insert without room");
+        let t = tag(h);
+        let mut b = self.home(h);
+        let mut probe = 0;
+        loop {
+            let bucket = &mut self.buckets[b];
+            if let Some(i) = bucket.tags.iter().position(|&x| x == 0) {
+                bucket.tags[i] = t;
+                bucket.slots[i] = slot;
+                break;
+            }
+            // At most 80% of all places are used, so an empty one exists and the loop ends.
+            bucket.overflow = 1;
+            b = self.next(b);
+            probe += 1;
+        }
+        self.max_probe = self.max_probe.max(probe);
+        self.len += 1;
+    }
+
+    /// Remove the key with hash `h` stored at `slot`; returns whether it was there.
+    pub(crate) fn remove(&mut self, h: u64, slot: u32) -> bool {
+        if self.buckets.is_empty() {
+            return false;
+        }
+        let t = tag(h);
+        let mut b = self.home(h);
+        for _ in 0..=self.max_probe {
+            let bucket = &mut self.buckets[b];
+            for i in 0..WAYS {
+                if bucket.tags[i] == t && bucket.slots[i] == slot {
+                    bucket.tags[i] = 0;
+                    self.len -= 1;
+                    return true;
+                }
+            }
+            if bucket.overflow == 0 {
+                return false;
+            }
+            b = self.next(b);
+        }
+        false
+    }
+
+    /// Forget every key, keeping the buckets (so re-inserting as many allocates nothing).
+    pub(crate) fn clear(&mut self) {
+        self.buckets.iter_mut().for_each(|b| *b = Bucket::default());
+        self.len = 0;
+        self.max_probe = 0;
+    }
+
+    /// Double the buckets and re-insert every key (`hash_of` gives a slot's key hash).
+    pub(crate) fn grow(&mut self, hash_of: impl Fn(u32) -> u64) {
+        self.rebuild(Self::grown(self.buckets.len()), hash_of);
+    }
+
+    /// Rebuild with the fewest buckets that keep the load at [`SHRINK_LOAD`], if that is fewer.
+    pub(crate) fn shrink_to_fit(&mut self, hash_of: impl Fn(u32) -> u64) {
+        let want = self.len.div_ceil(SHRINK_LOAD).max(1);
+        if want < self.buckets.len() {
+            self.rebuild(want, hash_of);
+        }
+    }
+
+    fn rebuild(&mut self, buckets: usize, hash_of: impl Fn(u32) -> u64) {
+        let old = std::mem::replace(&mut self.buckets, vec![Bucket::default(); buckets]);
+        self.len = 0;
+        self.max_probe = 0;
+        for bucket in &old {
+            for i in 0..WAYS {
+                if bucket.tags[i] != 0 {
+                    let slot = bucket.slots[i];
+                    self.insert_unique(hash_of(slot), slot);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(i: u32) -> u64 {
+        super::super::partition::key_hash(&i.to_le_bytes())
+    }
+
+    #[test]
+    fn insert_find_remove_against_a_model() {
+        let mut idx = Index::new();
+        let mut present = std::collections::BTreeSet::new();
+        for i in 0..20_000u32 {
+            if idx.needs_growth() {
+                idx.grow(h);
+            }
+            idx.insert_unique(h(i), i);
+            present.insert(i);
+            if i % 3 == 0 {
+                assert!(idx.remove(h(i / 2), i / 2) == present.remove(&(i / 2)));
+            }
+        }
+        assert_eq!(idx.len(), present.len());
+        for i in 0..21_000u32 {
+            assert_eq!(
+                idx.find(h(i), |s| s == i),
+                present.contains(&i).then_some(i),
+                "key {i}"
+            );
+            match idx.first_candidate(h(i)) {
+                Candidate::Absent => assert!(!present.contains(&i)),
+                Candidate::Slot(_) | Candidate::Unsure => {}
+            }
+        }
+        idx.shrink_to_fit(h);
+        assert!(idx.buckets.len() <= present.len().div_ceil(SHRINK_LOAD));
+        for &i in &present {
+            assert_eq!(idx.find(h(i), |s| s == i), Some(i));
+        }
+        idx.clear();
+        assert_eq!((idx.len(), idx.find(h(1), |_| true)), (0, None));
+    }
+
+    #[test]
+    fn tag_collisions_and_spills_are_resolved_by_the_full_probe() {
+        let mut idx = Index::new();
+        while idx.buckets.len() < 2 {
+            idx.grow(|_| unreachable!("empty"));
+        }
+        // Small hashes all have home bucket 0 (multiply-shift takes the high bits) and tag = h.
+        for h in 1..=12u64 {
+            idx.insert_unique(h, h as u32 * 100);
+        }
+        assert_eq!(idx.first_candidate(3), Candidate::Slot(300));
+        // Keys 11 and 12 spilled into bucket 1: the home bucket cannot tell.
+        assert_eq!(idx.first_candidate(12), Candidate::Unsure);
+        assert_eq!(idx.find(12, |s| s == 1200), Some(1200));
+        // Same home, same tag (5), other key: the first candidate is the wrong one.
+        let twin = 5 | 1 << 40;
+        assert_eq!(idx.first_candidate(twin), Candidate::Slot(500));
+        assert_eq!(idx.find(twin, |s| s == 999), None);
+        assert!(idx.remove(11, 1100) && !idx.remove(11, 1100));
+        assert_eq!(idx.find(11, |_| true), None);
+        assert_eq!(idx.len(), 11);
+    }
+
+    #[test]
+    fn a_bucket_is_one_cache_line() {
+        assert_eq!(std::mem::size_of::<Bucket>(), 64);
+        assert_eq!(std::mem::align_of::<Bucket>(), 64);
+    }
+}

@@ -1,0 +1,919 @@
+//! The storage of one (table, version, partition): a key arena, a hash index of key records and
+//! one typed value column, with every allocation charged to the tables' memory meter.
+//!
+//! Layout (entry `i` is the i-th live key; columns are dense, so aggregates run over plain slices):
+//! - `keys`: arena of 4-byte aligned records `u32 LE length, u32 LE entry number, key bytes, pad`,
+//!   addressed by "slot" = byte offset / 4 (so a u32 reaches 16 GiB); `key_offs[i]` is entry i's slot.
+//! - `index`: key hash ([`key_hash`], fixed seed) -> key slot (see `index.rs`). It points at the
+//!   key record rather than the entry so a lookup reads index -> record (key and entry number on
+//!   one line) -> value: one cache miss fewer than index -> entry -> record -> value.
+//! - `col`: `Vec<i64>` / `Vec<f64>` / `Vec<f32>` (`dim` floats per entry) / a byte arena of records
+//!   `u32 LE length + value bytes` with `offs[i]`. The bytes record is exactly the packed batch
+//!   layout of a hit, so a read copies one contiguous slice.
+//!
+//! Deletes swap-remove (the last entry takes the hole) so columns never hold tombstones. Overwrites
+//! and deletes leave garbage in the arenas; an arena is compacted when garbage exceeds half of it.
+
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::index::{Candidate, Index};
+use super::{KeyStatus, ValueRef, ValueType};
+
+/// Seed of the index hash. Fixed so a key hashes the same in every process (handy for debugging
+/// and for reproducible benchmarks); it is not the partitioning function.
+const SEED: u64 = 0x7261_6d67_7269_6421;
+
+/// Keys looked up together by [`PartData::lookup_many`]: enough misses in flight to cover a
+/// memory latency of ~200 ns (as on a virtual machine), few enough that the lines stay in L1.
+const GROUP: usize = 64;
+
+/// Hint the CPU to bring `p`'s cache line in. Never dereferences `p`; a no-op off x86-64.
+#[inline(always)]
+pub(super) fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 is a hint: it does not fault, whatever the address, and reads nothing
+    // architecturally, so any pointer value is sound here.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Arenas smaller than this are never compacted: copying buys nothing there.
+const COMPACT_MIN: usize = 4096;
+
+/// Hash of a key for the partition index.
+#[inline]
+pub(crate) fn key_hash(key: &[u8]) -> u64 {
+    let mut h = foldhash::fast::FixedState::with_seed(SEED).build_hasher();
+    h.write(key);
+    h.finish()
+}
+
+/// The shared memory budget of all tables. Charges are taken before memory is allocated, so the
+/// sum of what is allocated never exceeds the limit (see [`PartData::charge_growth`]).
+#[derive(Debug)]
+pub(crate) struct Meter {
+    used: AtomicUsize,
+    limit: usize,
+}
+
+impl Meter {
+    pub(crate) fn new(limit: usize) -> Self {
+        Meter {
+            used: AtomicUsize::new(0),
+            limit,
+        }
+    }
+
+    pub(crate) fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Take `n` bytes from the budget, or return false and take nothing.
+    pub(crate) fn try_charge(&self, n: usize) -> bool {
+        if n == 0 {
+            return true;
+        }
+        let mut cur = self.used.load(Ordering::Relaxed);
+        loop {
+            let next = match cur.checked_add(n) {
+                Some(next) if next <= self.limit => next,
+                _ => return false,
+            };
+            match self
+                .used
+                .compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    pub(crate) fn release(&self, n: usize) {
+        if n > 0 {
+            self.used.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Charge without a check; only for the (never expected) case where the allocator handed out
+    /// more than was asked for.
+    fn force_charge(&self, n: usize) {
+        if n > 0 {
+            self.used.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The typed value column.
+#[derive(Debug)]
+enum Column {
+    I64(Vec<i64>),
+    F64(Vec<f64>),
+    F32 {
+        dim: usize,
+        data: Vec<f32>,
+    },
+    Bytes {
+        arena: Vec<u8>,
+        offs: Vec<u64>,
+        garbage: usize,
+    },
+}
+
+/// Capacities a growth step wants; `None` = that vector already has room.
+#[derive(Debug, Default, Clone, Copy)]
+struct Plan {
+    keys: Option<usize>,
+    key_offs: Option<usize>,
+    index: bool,
+    col: Option<usize>,
+    col_offs: Option<usize>,
+}
+
+/// New capacity for a vector that must take `add` more elements, or `None` if it has room.
+fn target(len: usize, cap: usize, add: usize, exact: bool) -> Option<usize> {
+    let need = len.checked_add(add)?;
+    if need <= cap {
+        return None;
+    }
+    if exact {
+        Some(need)
+    } else {
+        Some(need.max(cap.saturating_mul(2)).max(8))
+    }
+}
+
+#[inline]
+fn read_u32(buf: &[u8], at: usize) -> u32 {
+    let b: [u8; 4] = buf[at..at + 4].try_into().expect("4-byte slice");
+    u32::from_le_bytes(b)
+}
+
+/// Bytes of a key record: header (length, entry number), key, padding to 4.
+#[inline]
+fn key_record_len(key_len: usize) -> usize {
+    (8 + key_len + 3) & !3
+}
+
+/// Most bytes a key arena may hold: its slots are u32 counts of 4 bytes.
+const MAX_KEY_ARENA: usize = (u32::MAX as usize + 1) * 4;
+
+/// The key of the record at `slot`.
+#[inline]
+fn key_at(keys: &[u8], slot: u32) -> &[u8] {
+    let at = slot as usize * 4;
+    let len = read_u32(keys, at) as usize;
+    &keys[at + 8..at + 8 + len]
+}
+
+/// The entry number stored in the record at `slot`.
+#[inline]
+fn entry_at(keys: &[u8], slot: u32) -> usize {
+    read_u32(keys, slot as usize * 4 + 4) as usize
+}
+
+fn set_entry(keys: &mut [u8], slot: u32, entry: usize) {
+    let at = slot as usize * 4 + 4;
+    keys[at..at + 4].copy_from_slice(&(entry as u32).to_le_bytes());
+}
+
+/// Append a key record; returns its slot. The caller has checked the arena limit.
+fn push_key(keys: &mut Vec<u8>, key: &[u8], entry: usize) -> u32 {
+    let slot = (keys.len() / 4) as u32;
+    keys.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    keys.extend_from_slice(&(entry as u32).to_le_bytes());
+    keys.extend_from_slice(key);
+    keys.resize(slot as usize * 4 + key_record_len(key.len()), 0);
+    slot
+}
+
+/// The whole record (length prefix included) at arena offset `off`.
+#[inline]
+fn record_at(arena: &[u8], off: u64) -> &[u8] {
+    let off = off as usize;
+    let len = read_u32(arena, off) as usize;
+    &arena[off..off + 4 + len]
+}
+
+fn push_record(arena: &mut Vec<u8>, data: &[u8]) -> u64 {
+    let off = arena.len() as u64;
+    arena.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    arena.extend_from_slice(data);
+    off
+}
+
+/// Copy the live value records named by `offs` into a fresh arena of exactly the live size, updating
+/// `offs`. Returns false (and changes nothing) if the meter cannot take the new arena.
+fn compact_arena(
+    arena: &mut Vec<u8>,
+    offs: &mut [u64],
+    garbage: &mut usize,
+    meter: &Meter,
+) -> bool {
+    let live = arena.len() - *garbage;
+    if !meter.try_charge(live) {
+        return false;
+    }
+    let mut fresh = Vec::with_capacity(live);
+    for off in offs.iter_mut() {
+        let rec = record_at(arena, *off);
+        *off = fresh.len() as u64;
+        fresh.extend_from_slice(rec);
+    }
+    // Charged `live`; the allocator may round differently, and the old arena goes back.
+    let extra = fresh.capacity().saturating_sub(live);
+    meter.force_charge(extra);
+    meter.release(arena.capacity());
+    *arena = fresh;
+    *garbage = 0;
+    true
+}
+
+/// Storage of one partition of one version. Never shared mutably without the slot's lock.
+#[derive(Debug)]
+pub(crate) struct PartData {
+    keys: Vec<u8>,
+    key_offs: Vec<u32>,
+    key_garbage: usize,
+    index: Index,
+    col: Column,
+    /// Bytes charged to the meter for this partition; always equals `self.allocated()` between calls.
+    charged: usize,
+    meter: Arc<Meter>,
+}
+
+impl Drop for PartData {
+    fn drop(&mut self) {
+        self.meter.release(self.charged);
+    }
+}
+
+impl PartData {
+    pub(crate) fn new(value_type: ValueType, meter: Arc<Meter>) -> Self {
+        let col = match value_type {
+            ValueType::I64 => Column::I64(Vec::new()),
+            ValueType::F64 => Column::F64(Vec::new()),
+            ValueType::F32Vec { dim } => Column::F32 {
+                dim: dim as usize,
+                data: Vec::new(),
+            },
+            ValueType::Bytes => Column::Bytes {
+                arena: Vec::new(),
+                offs: Vec::new(),
+                garbage: 0,
+            },
+        };
+        PartData {
+            keys: Vec::new(),
+            key_offs: Vec::new(),
+            key_garbage: 0,
+            index: Index::new(),
+            col,
+            charged: 0,
+            meter,
+        }
+    }
+
+    /// Number of live entries.
+    pub(crate) fn len(&self) -> usize {
+        self.key_offs.len()
+    }
+
+    /// Bytes charged for this partition (what its vectors and index have allocated).
+    pub(crate) fn charged(&self) -> usize {
+        self.charged
+    }
+
+    /// What the partition's vectors and index really hold allocated, in bytes.
+    fn allocated(&self) -> usize {
+        let col = match &self.col {
+            Column::I64(v) => v.capacity() * 8,
+            Column::F64(v) => v.capacity() * 8,
+            Column::F32 { data, .. } => data.capacity() * 4,
+            Column::Bytes { arena, offs, .. } => arena.capacity() + offs.capacity() * 8,
+        };
+        self.keys.capacity() + self.key_offs.capacity() * 4 + self.index.allocation_size() + col
+    }
+
+    /// Re-read the real allocation after a growth that was charged `charged_ahead` bytes in
+    /// advance, and settle the difference with the meter.
+    fn settle(&mut self, charged_ahead: usize) {
+        let expected = self.charged + charged_ahead;
+        let actual = self.allocated();
+        if actual <= expected {
+            self.meter.release(expected - actual);
+        } else {
+            self.meter.force_charge(actual - expected);
+        }
+        self.charged = actual;
+    }
+
+    /// Slot of `key`'s record, if present.
+    #[inline]
+    fn find_slot(&self, key: &[u8], hash: u64) -> Option<u32> {
+        let keys = &self.keys;
+        self.index.find(hash, |s| key_at(keys, s) == key)
+    }
+
+    /// Entry number of `key`, if present.
+    #[inline]
+    pub(crate) fn find(&self, key: &[u8], hash: u64) -> Option<usize> {
+        self.find_slot(key, hash).map(|s| entry_at(&self.keys, s))
+    }
+
+    /// Key of entry `i` (entries are numbered `0..len`, in column order).
+    #[inline]
+    pub(crate) fn key(&self, i: usize) -> &[u8] {
+        key_at(&self.keys, self.key_offs[i])
+    }
+
+    /// Value of entry `i`.
+    #[inline]
+    pub(crate) fn value(&self, i: usize) -> ValueRef<'_> {
+        match &self.col {
+            Column::I64(v) => ValueRef::I64(v[i]),
+            Column::F64(v) => ValueRef::F64(v[i]),
+            Column::F32 { dim, data } => ValueRef::F32Vec(&data[i * dim..(i + 1) * dim]),
+            Column::Bytes { arena, offs, .. } => ValueRef::Bytes(&record_at(arena, offs[i])[4..]),
+        }
+    }
+
+    pub(crate) fn column_i64(&self) -> Option<&[i64]> {
+        match &self.col {
+            Column::I64(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn column_f64(&self) -> Option<&[f64]> {
+        match &self.col {
+            Column::F64(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn column_f32(&self) -> Option<&[f32]> {
+        match &self.col {
+            Column::F32 { data, .. } => Some(data),
+            _ => None,
+        }
+    }
+
+    /// Append the packed result of looking up each key: one status byte per key to `status`, and
+    /// to `values` 8 LE bytes per key for i64/f64 (zeros on a miss), `dim * 4` LE bytes per key for
+    /// f32 vectors (zeros on a miss), and `u32 LE length + bytes` per hit for bytes tables.
+    pub(crate) fn get_packed<'k>(
+        &self,
+        keys: impl IntoIterator<Item = &'k [u8]>,
+        max_key: usize,
+        status: &mut Vec<u8>,
+        values: &mut Vec<u8>,
+    ) {
+        let keys = keys.into_iter();
+        let n = keys.size_hint().0;
+        status.reserve(n);
+        // The column type is matched once per batch; each arm is a tight per-key loop.
+        match &self.col {
+            Column::I64(col) => {
+                values.reserve(n * 8);
+                self.lookup_many(keys, max_key, |found| {
+                    let (st, v) = match found {
+                        Ok(i) => (KeyStatus::Ok, col[i]),
+                        Err(st) => (st, 0),
+                    };
+                    status.push(st as u8);
+                    values.extend_from_slice(&v.to_le_bytes());
+                });
+            }
+            Column::F64(col) => {
+                values.reserve(n * 8);
+                self.lookup_many(keys, max_key, |found| {
+                    let (st, v) = match found {
+                        Ok(i) => (KeyStatus::Ok, col[i]),
+                        Err(st) => (st, 0.0),
+                    };
+                    status.push(st as u8);
+                    values.extend_from_slice(&v.to_le_bytes());
+                });
+            }
+            Column::F32 { dim, data } => {
+                let dim = *dim;
+                values.reserve(n * dim * 4);
+                self.lookup_many(keys, max_key, |found| {
+                    let start = values.len();
+                    values.resize(start + dim * 4, 0);
+                    match found {
+                        Ok(i) => {
+                            status.push(KeyStatus::Ok as u8);
+                            let src = &data[i * dim..(i + 1) * dim];
+                            for (dst, x) in values[start..].chunks_exact_mut(4).zip(src) {
+                                dst.copy_from_slice(&x.to_le_bytes());
+                            }
+                        }
+                        Err(st) => status.push(st as u8),
+                    }
+                });
+            }
+            Column::Bytes { arena, offs, .. } => {
+                self.lookup_many(keys, max_key, |found| match found {
+                    Ok(i) => {
+                        status.push(KeyStatus::Ok as u8);
+                        values.extend_from_slice(record_at(arena, offs[i]));
+                    }
+                    Err(st) => status.push(st as u8),
+                });
+            }
+        }
+    }
+
+    /// Look up every key and call `emit` with its entry number (or why there is none), in key
+    /// order. Keys go through in groups of [`GROUP`] and four passes, each prefetching what the
+    /// next pass reads (bucket -> key record -> value), so the cache misses of a whole group
+    /// overlap instead of running one after another. That is what makes
+    /// a lookup in a table much larger than the CPU caches cost tens of ns, not hundreds.
+    #[inline]
+    fn lookup_many<'k>(
+        &self,
+        keys: impl Iterator<Item = &'k [u8]>,
+        max_key: usize,
+        mut emit: impl FnMut(Result<usize, KeyStatus>),
+    ) {
+        let mut keys = keys.peekable();
+        let mut group: [&[u8]; GROUP] = [&[]; GROUP];
+        let mut hashes = [0u64; GROUP];
+        let mut cand = [Candidate::Absent; GROUP];
+        let mut entry = [0usize; GROUP];
+        while keys.peek().is_some() {
+            let mut len = 0;
+            for key in keys.by_ref().take(GROUP) {
+                group[len] = key;
+                len += 1;
+            }
+            // Pass 1: hash; prefetch the home buckets.
+            for j in 0..len {
+                if group[j].len() <= max_key {
+                    hashes[j] = key_hash(group[j]);
+                    self.index.prefetch(hashes[j]);
+                }
+            }
+            // Pass 2: the buckets have arrived; take the first place whose tag matches (no key
+            // compare yet, so no dependent miss) and prefetch its key record.
+            for j in 0..len {
+                cand[j] = if group[j].len() <= max_key {
+                    self.index.first_candidate(hashes[j])
+                } else {
+                    Candidate::Absent
+                };
+                if let Candidate::Slot(c) = cand[j] {
+                    prefetch(self.keys.as_ptr().wrapping_add(c as usize * 4));
+                }
+            }
+            // Pass 3: the records have arrived; prefetch the values of their entries.
+            for j in 0..len {
+                if let Candidate::Slot(c) = cand[j] {
+                    entry[j] = entry_at(&self.keys, c);
+                    self.prefetch_value(entry[j]);
+                }
+            }
+            // Pass 4: confirm. A wrong or unsure candidate (another key with the same 16-bit tag,
+            // or a key that spilled out of its home bucket) falls back to a full probe.
+            for j in 0..len {
+                let key = group[j];
+                let found = if key.len() > max_key {
+                    Err(KeyStatus::KeyTooLarge)
+                } else {
+                    match cand[j] {
+                        Candidate::Absent => Err(KeyStatus::NotFound),
+                        Candidate::Slot(c) if key_at(&self.keys, c) == key => Ok(entry[j]),
+                        _ => self.find(key, hashes[j]).ok_or(KeyStatus::NotFound),
+                    }
+                };
+                emit(found);
+            }
+        }
+    }
+
+    #[inline]
+    fn prefetch_value(&self, i: usize) {
+        match &self.col {
+            Column::I64(v) => prefetch(v.as_ptr().wrapping_add(i)),
+            Column::F64(v) => prefetch(v.as_ptr().wrapping_add(i)),
+            Column::F32 { dim, data } => prefetch(data.as_ptr().wrapping_add(i * dim)),
+            Column::Bytes { offs, .. } => prefetch(offs.as_ptr().wrapping_add(i)),
+        }
+    }
+
+    /// Check that `value` fits this column; returns the bytes its value record needs
+    /// (0 for fixed-size types).
+    fn check_value(&self, value: &ValueRef<'_>, max_value: usize) -> Result<usize, KeyStatus> {
+        match (&self.col, value) {
+            (Column::I64(_), ValueRef::I64(_)) | (Column::F64(_), ValueRef::F64(_)) => Ok(0),
+            (Column::F32 { dim, .. }, ValueRef::F32Vec(v)) if v.len() == *dim => Ok(0),
+            (Column::F32 { dim, .. }, ValueRef::F32VecLe(b)) if b.len() == *dim * 4 => Ok(0),
+            (Column::Bytes { .. }, ValueRef::Bytes(b)) => {
+                if b.len() > max_value {
+                    Err(KeyStatus::ValueTooLarge)
+                } else {
+                    Ok(4 + b.len())
+                }
+            }
+            _ => Err(KeyStatus::WrongType),
+        }
+    }
+
+    /// [`PartData::put`] for each pair, in order, calling `emit` with each status. Like
+    /// [`PartData::get_packed`], keys go in groups whose index buckets and key records are
+    /// prefetched first, so the random reads of a group overlap.
+    pub(crate) fn put_many<'k, 'v>(
+        &mut self,
+        items: impl Iterator<Item = (&'k [u8], ValueRef<'v>)>,
+        max_key: usize,
+        max_value: usize,
+        mut emit: impl FnMut(KeyStatus),
+    ) {
+        let mut items = items.peekable();
+        let mut group: [(&[u8], ValueRef<'_>); GROUP] = [(&[], ValueRef::I64(0)); GROUP];
+        while items.peek().is_some() {
+            let mut len = 0;
+            for item in items.by_ref().take(GROUP) {
+                group[len] = item;
+                len += 1;
+            }
+            for (key, _) in &group[..len] {
+                if key.len() <= max_key {
+                    self.index.prefetch(key_hash(key));
+                }
+            }
+            for (key, _) in &group[..len] {
+                if key.len() <= max_key {
+                    if let Candidate::Slot(c) = self.index.first_candidate(key_hash(key)) {
+                        prefetch(self.keys.as_ptr().wrapping_add(c as usize * 4));
+                    }
+                }
+            }
+            for &(key, value) in &group[..len] {
+                emit(self.put(key, value, max_key, max_value));
+            }
+        }
+    }
+
+    /// Insert or overwrite one key. On any non-Ok status nothing about the key changed.
+    pub(crate) fn put(
+        &mut self,
+        key: &[u8],
+        value: ValueRef<'_>,
+        max_key: usize,
+        max_value: usize,
+    ) -> KeyStatus {
+        if key.len() > max_key {
+            return KeyStatus::KeyTooLarge;
+        }
+        let rec = match self.check_value(&value, max_value) {
+            Ok(rec) => rec,
+            Err(st) => return st,
+        };
+        let hash = key_hash(key);
+        let st = match self.find(key, hash) {
+            Some(i) => self.overwrite(i, value, rec),
+            None => self.insert(key, hash, value, rec),
+        };
+        self.debug_check();
+        st
+    }
+
+    fn overwrite(&mut self, i: usize, value: ValueRef<'_>, rec: usize) -> KeyStatus {
+        match (&mut self.col, value) {
+            (Column::I64(v), ValueRef::I64(x)) => v[i] = x,
+            (Column::F64(v), ValueRef::F64(x)) => v[i] = x,
+            (Column::F32 { dim, data }, ValueRef::F32Vec(x)) => {
+                data[i * *dim..(i + 1) * *dim].copy_from_slice(x)
+            }
+            (Column::F32 { dim, data }, ValueRef::F32VecLe(b)) => {
+                for (d, s) in data[i * *dim..(i + 1) * *dim]
+                    .iter_mut()
+                    .zip(b.chunks_exact(4))
+                {
+                    *d = f32::from_le_bytes(s.try_into().expect("4-byte chunk"));
+                }
+            }
+            (Column::Bytes { .. }, ValueRef::Bytes(b)) => return self.overwrite_bytes(i, b, rec),
+            _ => return KeyStatus::WrongType,
+        }
+        KeyStatus::Ok
+    }
+
+    fn overwrite_bytes(&mut self, i: usize, b: &[u8], rec: usize) -> KeyStatus {
+        let Column::Bytes { arena, offs, .. } = &self.col else {
+            unreachable!("caller matched Bytes")
+        };
+        let off = offs[i] as usize;
+        let old = read_u32(arena, off) as usize;
+        if b.len() > old {
+            let (len, cap) = (arena.len(), arena.capacity());
+            let generous = Plan {
+                col: target(len, cap, rec, false),
+                ..Plan::default()
+            };
+            let exact = Plan {
+                col: target(len, cap, rec, true),
+                ..Plan::default()
+            };
+            if !self.charge_growth(generous, exact) {
+                return KeyStatus::OutOfMemory;
+            }
+        }
+        let Column::Bytes {
+            arena,
+            offs,
+            garbage,
+        } = &mut self.col
+        else {
+            unreachable!("caller matched Bytes")
+        };
+        if b.len() <= old {
+            // Shrinking in place keeps the record where it is; the tail becomes garbage.
+            arena[off..off + 4].copy_from_slice(&(b.len() as u32).to_le_bytes());
+            arena[off + 4..off + 4 + b.len()].copy_from_slice(b);
+            *garbage += old - b.len();
+        } else {
+            offs[i] = push_record(arena, b);
+            *garbage += 4 + old;
+        }
+        self.maybe_compact();
+        KeyStatus::Ok
+    }
+
+    fn growth_plan(&self, key_len: usize, rec: usize, exact: bool) -> Plan {
+        let (col, col_offs) = match &self.col {
+            Column::I64(v) => (target(v.len(), v.capacity(), 1, exact), None),
+            Column::F64(v) => (target(v.len(), v.capacity(), 1, exact), None),
+            Column::F32 { dim, data } => (target(data.len(), data.capacity(), *dim, exact), None),
+            Column::Bytes { arena, offs, .. } => (
+                target(arena.len(), arena.capacity(), rec, exact),
+                target(offs.len(), offs.capacity(), 1, exact),
+            ),
+        };
+        Plan {
+            keys: target(
+                self.keys.len(),
+                self.keys.capacity(),
+                key_record_len(key_len),
+                exact,
+            ),
+            key_offs: target(self.key_offs.len(), self.key_offs.capacity(), 1, exact),
+            index: self.index.needs_growth(),
+            col,
+            col_offs,
+        }
+    }
+
+    /// Bytes a plan allocates. The index's old buckets are freed only after the new ones are
+    /// filled, so its whole new size is charged.
+    fn plan_cost(&self, p: &Plan) -> usize {
+        let grow =
+            |new: Option<usize>, cap: usize, elem: usize| new.map_or(0, |n| (n - cap) * elem);
+        let (col_elem, col_cap, offs_cap) = match &self.col {
+            Column::I64(v) => (8, v.capacity(), 0),
+            Column::F64(v) => (8, v.capacity(), 0),
+            Column::F32 { data, .. } => (4, data.capacity(), 0),
+            Column::Bytes { arena, offs, .. } => (1, arena.capacity(), offs.capacity()),
+        };
+        let index = if p.index {
+            self.index.growth_bytes()
+        } else {
+            0
+        };
+        grow(p.keys, self.keys.capacity(), 1)
+            + grow(p.key_offs, self.key_offs.capacity(), 4)
+            + grow(p.col, col_cap, col_elem)
+            + grow(p.col_offs, offs_cap, 8)
+            + index
+    }
+
+    /// Charge and apply the growth `generous` (doubling) or, if the budget cannot take it,
+    /// `exact` (just enough). Returns false, with nothing charged or grown, if neither fits.
+    fn charge_growth(&mut self, generous: Plan, exact: Plan) -> bool {
+        let mut chosen = None;
+        for plan in [generous, exact] {
+            let cost = self.plan_cost(&plan);
+            if self.meter.try_charge(cost) {
+                chosen = Some((plan, cost));
+                break;
+            }
+        }
+        let Some((plan, cost)) = chosen else {
+            return false;
+        };
+        if cost == 0 {
+            return true;
+        }
+        fn grow_to<T>(v: &mut Vec<T>, cap: Option<usize>) {
+            if let Some(cap) = cap {
+                v.reserve_exact(cap - v.len());
+            }
+        }
+        grow_to(&mut self.keys, plan.keys);
+        grow_to(&mut self.key_offs, plan.key_offs);
+        match &mut self.col {
+            Column::I64(v) => grow_to(v, plan.col),
+            Column::F64(v) => grow_to(v, plan.col),
+            Column::F32 { data, .. } => grow_to(data, plan.col),
+            Column::Bytes { arena, offs, .. } => {
+                grow_to(arena, plan.col);
+                grow_to(offs, plan.col_offs);
+            }
+        }
+        if plan.index {
+            let keys = &self.keys;
+            self.index.grow(|s| key_hash(key_at(keys, s)));
+        }
+        self.settle(cost);
+        true
+    }
+
+    fn insert(&mut self, key: &[u8], hash: u64, value: ValueRef<'_>, rec: usize) -> KeyStatus {
+        if self.key_offs.len() >= u32::MAX as usize
+            || self.keys.len() + key_record_len(key.len()) > MAX_KEY_ARENA
+        {
+            return KeyStatus::OutOfMemory;
+        }
+        let generous = self.growth_plan(key.len(), rec, false);
+        let exact = self.growth_plan(key.len(), rec, true);
+        if !self.charge_growth(generous, exact) {
+            return KeyStatus::OutOfMemory;
+        }
+        // From here on nothing allocates: every vector and the index have room.
+        let slot = push_key(&mut self.keys, key, self.key_offs.len());
+        self.key_offs.push(slot);
+        self.index.insert_unique(hash, slot);
+        match (&mut self.col, value) {
+            (Column::I64(v), ValueRef::I64(x)) => v.push(x),
+            (Column::F64(v), ValueRef::F64(x)) => v.push(x),
+            (Column::F32 { data, .. }, ValueRef::F32Vec(x)) => data.extend_from_slice(x),
+            (Column::F32 { data, .. }, ValueRef::F32VecLe(b)) => data.extend(
+                b.chunks_exact(4)
+                    .map(|s| f32::from_le_bytes(s.try_into().expect("4-byte chunk"))),
+            ),
+            (Column::Bytes { arena, offs, .. }, ValueRef::Bytes(b)) => {
+                let off = push_record(arena, b);
+                offs.push(off);
+            }
+            _ => unreachable!("value type checked before insert"),
+        }
+        KeyStatus::Ok
+    }
+
+    /// Remove one key (swap-remove: the last entry moves into the hole, the index is re-pointed).
+    pub(crate) fn delete(&mut self, key: &[u8], max_key: usize) -> KeyStatus {
+        if key.len() > max_key {
+            return KeyStatus::KeyTooLarge;
+        }
+        let hash = key_hash(key);
+        let Some(slot) = self.find_slot(key, hash) else {
+            return KeyStatus::NotFound;
+        };
+        let i = entry_at(&self.keys, slot);
+        let last = self.key_offs.len() - 1;
+        self.index.remove(hash, slot);
+        self.key_garbage += key_record_len(key.len());
+        if i != last {
+            // The last entry moves into the hole: its record learns its new number; the index
+            // points at the record, so it needs no change.
+            set_entry(&mut self.keys, self.key_offs[last], i);
+        }
+        self.key_offs.swap_remove(i);
+        match &mut self.col {
+            Column::I64(v) => {
+                v.swap_remove(i);
+            }
+            Column::F64(v) => {
+                v.swap_remove(i);
+            }
+            Column::F32 { dim, data } => {
+                let dim = *dim;
+                if i != last {
+                    data.copy_within(last * dim..(last + 1) * dim, i * dim);
+                }
+                data.truncate(last * dim);
+            }
+            Column::Bytes {
+                arena,
+                offs,
+                garbage,
+            } => {
+                *garbage += record_at(arena, offs[i]).len();
+                offs.swap_remove(i);
+            }
+        }
+        self.maybe_compact();
+        self.debug_check();
+        KeyStatus::Ok
+    }
+
+    /// Invariants every mutation keeps (checked in debug builds only).
+    fn debug_check(&self) {
+        debug_assert_eq!(
+            self.charged,
+            self.allocated(),
+            "charge drifted from the real allocation"
+        );
+        debug_assert_eq!(
+            self.index.len(),
+            self.key_offs.len(),
+            "index and entries disagree"
+        );
+    }
+
+    /// Compact an arena whose garbage exceeds half of it (best effort: skipped if the budget
+    /// cannot take the fresh copy).
+    fn maybe_compact(&mut self) {
+        let mut compacted = false;
+        if self.key_garbage > COMPACT_MIN && self.key_garbage * 2 > self.keys.len() {
+            compacted |= self.compact_keys();
+        }
+        if let Column::Bytes {
+            arena,
+            offs,
+            garbage,
+        } = &mut self.col
+        {
+            if *garbage > COMPACT_MIN && *garbage * 2 > arena.len() {
+                compacted |= compact_arena(arena, offs, garbage, &self.meter);
+            }
+        }
+        if compacted {
+            // compact_arena settled the meter itself; only our record of the charge lags.
+            self.charged = self.allocated();
+        }
+    }
+
+    /// Copy the live key records into a fresh arena of exactly the live size and re-point the
+    /// index (its slots moved). Returns false, changing nothing, if the budget cannot take the copy.
+    fn compact_keys(&mut self) -> bool {
+        let live = self.keys.len() - self.key_garbage;
+        if !self.meter.try_charge(live) {
+            return false;
+        }
+        let mut fresh = Vec::with_capacity(live);
+        for slot in self.key_offs.iter_mut() {
+            let at = *slot as usize * 4;
+            let rec = key_record_len(read_u32(&self.keys, at) as usize);
+            *slot = (fresh.len() / 4) as u32;
+            fresh.extend_from_slice(&self.keys[at..at + rec]);
+        }
+        self.meter
+            .force_charge(fresh.capacity().saturating_sub(live));
+        self.meter.release(self.keys.capacity());
+        self.keys = fresh;
+        self.key_garbage = 0;
+        // Clearing keeps the index's buckets, so re-inserting allocates nothing.
+        self.index.clear();
+        for &slot in &self.key_offs {
+            self.index
+                .insert_unique(key_hash(key_at(&self.keys, slot)), slot);
+        }
+        true
+    }
+
+    /// Make the data final: drop garbage and excess capacity so a sealed version holds only what
+    /// it uses.
+    pub(crate) fn freeze(&mut self) {
+        if self.key_garbage > 0 {
+            self.compact_keys();
+        }
+        if let Column::Bytes {
+            arena,
+            offs,
+            garbage,
+        } = &mut self.col
+        {
+            if *garbage > 0 {
+                compact_arena(arena, offs, garbage, &self.meter);
+            }
+        }
+        self.charged = self.allocated();
+        self.keys.shrink_to_fit();
+        self.key_offs.shrink_to_fit();
+        match &mut self.col {
+            Column::I64(v) => v.shrink_to_fit(),
+            Column::F64(v) => v.shrink_to_fit(),
+            Column::F32 { data, .. } => data.shrink_to_fit(),
+            Column::Bytes { arena, offs, .. } => {
+                arena.shrink_to_fit();
+                offs.shrink_to_fit();
+            }
+        }
+        let keys = &self.keys;
+        self.index.shrink_to_fit(|s| key_hash(key_at(keys, s)));
+        self.settle(0);
+    }
+}
