@@ -19,16 +19,19 @@ setup: $(VENV)/.ok ## Install what the build and tests need (memcached, Rust com
 $(VENV)/.ok: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q pytest pytest-timeout pymemcache hypothesis numpy xxhash
+	$(PIP) install -q maturin pytest pytest-timeout pymemcache hypothesis numpy xxhash pyarrow "dask[distributed]" matplotlib wordfreq tqdm pandas
 	@touch $@
+
+develop: setup ## Build the Python package's native module (release) into the venv
+	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/maturin develop --release -q
 
 build: ## Build release binaries (target/release/ramgrid-server, ramgrid-bench)
 	$(CARGO) build --release -p ramgrid-server -p ramgrid-bench
 
-demo: setup build ## Main job: start ramgrid and memcached, run the load generator against both, print the comparison
+demo: develop build ## Main job: start ramgrid and memcached, run the load generator against both, print the comparison
 	$(PY) benchmarks/memcached_compare.py --quick
 
-test: setup build ## All default tests: Rust unit/property/conformance (ramgrid and real memcached), Python tests
+test: develop build ## All default tests: Rust unit/property/conformance (ramgrid and real memcached), Python tests
 	$(CARGO) test --workspace
 	bash scripts/conformance_memcached.sh
 	$(PY) -m pytest python/tests
@@ -46,4 +49,4 @@ fuzz: ## Short cargo-fuzz run of every parser (needs nightly + cargo-fuzz)
 clean: ## Remove build outputs and the venv
 	$(CARGO) clean; rm -rf $(VENV)
 
-.PHONY: help setup build demo test lint bench fuzz clean
+.PHONY: help setup develop build demo test lint bench fuzz clean

@@ -4,3 +4,5 @@
 #![warn(missing_docs)]
 
 pub mod memcache;
+pub mod native;
+pub mod cluster;

@@ -7,7 +7,11 @@ use clap::Parser;
 
 /// `ramgrid-server` flags. Benchmarks and operations scripts depend on `--listen`, `--threads`, `--memory`.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "ramgrid-server", version, about = "ramgrid server: memcached-compatible in-memory store")]
+#[command(
+    name = "ramgrid-server",
+    version,
+    about = "ramgrid server: memcached-compatible in-memory store"
+)]
 pub struct Config {
     /// Address to listen on. Loopback by default; port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:11211", env = "RAMGRID_LISTEN")]
@@ -57,13 +61,23 @@ pub struct Config {
 }
 
 fn default_threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
 }
 
 impl Config {
     /// A configuration for tests and embedding: loopback, free port, small memory.
     pub fn for_tests() -> Config {
-        Config::parse_from(["ramgrid-server", "--listen", "127.0.0.1:0", "--threads", "2", "--memory", "64MiB"])
+        Config::parse_from([
+            "ramgrid-server",
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            "2",
+            "--memory",
+            "64MiB",
+        ])
     }
 
     /// Refuses configurations that are unsafe or contradictory, with a message saying what to change.
@@ -76,13 +90,22 @@ impl Config {
             ));
         }
         if self.threads == 0 || self.threads > 1024 {
-            return Err(format!("--threads must be between 1 and 1024, got {}", self.threads));
+            return Err(format!(
+                "--threads must be between 1 and 1024, got {}",
+                self.threads
+            ));
         }
         if self.max_item_size < 1024 || self.max_item_size > (1 << 30) {
-            return Err(format!("--max-item-size must be between 1KiB and 1GiB, got {}", self.max_item_size));
+            return Err(format!(
+                "--max-item-size must be between 1KiB and 1GiB, got {}",
+                self.max_item_size
+            ));
         }
         if self.memory < self.max_item_size {
-            return Err(format!("--memory ({}) must be at least --max-item-size ({})", self.memory, self.max_item_size));
+            return Err(format!(
+                "--memory ({}) must be at least --max-item-size ({})",
+                self.memory, self.max_item_size
+            ));
         }
         Ok(())
     }
@@ -98,16 +121,23 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("invalid size {s:?}: expected a number with an optional unit like 64MiB"))?;
+    let n: u64 = num.parse().map_err(|_| {
+        format!("invalid size {s:?}: expected a number with an optional unit like 64MiB")
+    })?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
         "t" | "tb" | "tib" => 1 << 40,
-        other => return Err(format!("invalid size unit {other:?} in {s:?}: use B, KiB, MiB, GiB or TiB")),
+        other => {
+            return Err(format!(
+                "invalid size unit {other:?} in {s:?}: use B, KiB, MiB, GiB or TiB"
+            ))
+        }
     };
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
 #[cfg(test)]
@@ -129,7 +159,15 @@ mod tests {
 
     #[test]
     fn stable_flag_names() {
-        let c = Config::parse_from(["x", "--listen", "127.0.0.1:7000", "--threads", "3", "--memory", "1GiB"]);
+        let c = Config::parse_from([
+            "x",
+            "--listen",
+            "127.0.0.1:7000",
+            "--threads",
+            "3",
+            "--memory",
+            "1GiB",
+        ]);
         assert_eq!(c.threads, 3);
         assert_eq!(c.memory, 1 << 30);
         assert_eq!(c.listen.port(), 7000);

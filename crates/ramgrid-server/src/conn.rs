@@ -85,7 +85,11 @@ async fn serve_memcache(
                         let _ = flush(&mut sock, &mut out, stats, write_timeout).await;
                         return;
                     }
-                    if out.len() >= OUT_HIGH_WATER && flush(&mut sock, &mut out, stats, write_timeout).await.is_err() {
+                    if out.len() >= OUT_HIGH_WATER
+                        && flush(&mut sock, &mut out, stats, write_timeout)
+                            .await
+                            .is_err()
+                    {
                         return;
                     }
                 }
@@ -103,7 +107,11 @@ async fn serve_memcache(
                 }
             }
         }
-        if !out.is_empty() && flush(&mut sock, &mut out, stats, write_timeout).await.is_err() {
+        if !out.is_empty()
+            && flush(&mut sock, &mut out, stats, write_timeout)
+                .await
+                .is_err()
+        {
             return;
         }
         if *stop.borrow() {
@@ -147,10 +155,18 @@ async fn serve_memcache(
     }
 }
 
-async fn flush(sock: &mut TcpStream, out: &mut Vec<u8>, stats: &WorkerStats, timeout: Duration) -> io::Result<()> {
+async fn flush(
+    sock: &mut TcpStream,
+    out: &mut Vec<u8>,
+    stats: &WorkerStats,
+    timeout: Duration,
+) -> io::Result<()> {
     let r = match tokio::time::timeout(timeout, sock.write_all(out)).await {
         Ok(r) => r,
-        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "client stopped reading replies")),
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "client stopped reading replies",
+        )),
     };
     WorkerStats::add(&stats.bytes_written, out.len() as u64);
     out.clear();

@@ -21,7 +21,9 @@ fn main() -> anyhow::Result<()> {
 
 /// Blocks until SIGTERM or SIGINT.
 fn wait_for_signal() -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate())?;

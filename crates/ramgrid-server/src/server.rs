@@ -78,10 +78,14 @@ impl ServerHandle {
 pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
     config.validate().map_err(anyhow::Error::msg)?;
     if !config.listen.ip().is_loopback() && config.token.is_none() {
-        eprintln!("ramgrid-server: WARNING: listening on {} with NO authentication (--insecure-no-auth)", config.listen);
+        eprintln!(
+            "ramgrid-server: WARNING: listening on {} with NO authentication (--insecure-no-auth)",
+            config.listen
+        );
     }
     raise_fd_limit(config.max_conns as u64 + 64);
-    let listener = TcpListener::bind(config.listen).with_context(|| format!("cannot listen on {}", config.listen))?;
+    let listener = TcpListener::bind(config.listen)
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
     let threads = config.threads.max(1);
 
@@ -100,7 +104,9 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         max_line_len: usize::try_from(config.max_line).unwrap_or(usize::MAX),
         ..Limits::default()
     };
-    let workers: Vec<Arc<WorkerStats>> = (0..threads).map(|_| Arc::new(WorkerStats::default())).collect();
+    let workers: Vec<Arc<WorkerStats>> = (0..threads)
+        .map(|_| Arc::new(WorkerStats::default()))
+        .collect();
     let shared = Arc::new(Shared {
         cache,
         settings: Settings {
@@ -110,7 +116,10 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
             flush_enabled: !config.disable_flush_all,
         },
         started: Instant::now(),
-        started_unix: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        started_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
         curr_connections: Default::default(),
         total_connections: Default::default(),
         rejected_connections: Default::default(),
@@ -129,9 +138,13 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         max_body: usize::try_from(config.max_frame).unwrap_or(usize::MAX),
     });
     if let Some(path) = &config.cluster_spec {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read cluster spec {}", path.display()))?;
-        let spec = ClusterSpec::parse(&text).map_err(|e| anyhow::anyhow!("cluster spec {}: {e}", path.display()))?;
-        native.install_spec(spec).map_err(|e| anyhow::anyhow!("cluster spec {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read cluster spec {}", path.display()))?;
+        let spec = ClusterSpec::parse(&text)
+            .map_err(|e| anyhow::anyhow!("cluster spec {}: {e}", path.display()))?;
+        native
+            .install_spec(spec)
+            .map_err(|e| anyhow::anyhow!("cluster spec {}: {e}", path.display()))?;
     }
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -163,17 +176,33 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
     {
         let shared = shared.clone();
         let stopping = stopping.clone();
-        handles.push(std::thread::Builder::new().name("ramgrid-crawler".into()).spawn(move || {
-            while !stopping.load(Ordering::Relaxed) {
-                std::thread::sleep(CRAWL_INTERVAL);
-                shared.cache.crawl_expired(CRAWL_BUDGET);
-            }
-        })?);
+        handles.push(
+            std::thread::Builder::new()
+                .name("ramgrid-crawler".into())
+                .spawn(move || {
+                    while !stopping.load(Ordering::Relaxed) {
+                        std::thread::sleep(CRAWL_INTERVAL);
+                        shared.cache.crawl_expired(CRAWL_BUDGET);
+                    }
+                })?,
+        );
     }
-    Ok(ServerHandle { addr, shared, native, stop: stop_tx, stopping, threads: handles })
+    Ok(ServerHandle {
+        addr,
+        shared,
+        native,
+        stop: stop_tx,
+        stopping,
+        threads: handles,
+    })
 }
 
-fn accept_loop(listener: TcpListener, workers: Vec<mpsc::UnboundedSender<TcpStream>>, shared: Arc<Shared>, stopping: Arc<AtomicBool>) {
+fn accept_loop(
+    listener: TcpListener,
+    workers: Vec<mpsc::UnboundedSender<TcpStream>>,
+    shared: Arc<Shared>,
+    stopping: Arc<AtomicBool>,
+) {
     let mut next = 0usize;
     loop {
         let (stream, _) = match listener.accept() {
@@ -224,7 +253,10 @@ fn worker_main(
     mut stop: watch::Receiver<bool>,
     write_timeout: Duration,
 ) {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("ramgrid-server: cannot start worker runtime: {e}");
@@ -263,7 +295,10 @@ fn worker_main(
 fn raise_fd_limit(want: u64) {
     // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
     unsafe {
-        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < want {
             lim.rlim_cur = want.min(lim.rlim_max);
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);

@@ -60,7 +60,10 @@ impl WorkerStats {
     #[inline]
     pub fn add(counter: &AtomicU64, n: u64) {
         // Single writer: a load + store is enough and avoids a locked RMW on the hot path.
-        counter.store(counter.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
     }
 }
 
@@ -102,6 +105,9 @@ pub struct Shared {
 impl Shared {
     /// Sum of one counter over all workers.
     pub fn sum(&self, pick: impl Fn(&WorkerStats) -> &AtomicU64) -> u64 {
-        self.workers.iter().map(|w| pick(w).load(Ordering::Relaxed)).sum()
+        self.workers
+            .iter()
+            .map(|w| pick(w).load(Ordering::Relaxed))
+            .sum()
     }
 }

@@ -1,0 +1,1201 @@
+//! The cluster client: routing batches by partition and owner, fan-out to every server at once,
+//! replica failover for reads, acknowledged replication for writes, spec refresh on stale epochs,
+//! version-consistent reads and table/version admin.
+//!
+//! A batch's life (see [`Client::get_into`]):
+//! 1. Keys are hashed to partitions ([`ramgrid_proto::cluster::partition_of`]) and grouped by
+//!    partition (one counting sort).
+//! 2. Each partition with keys is assigned a server: for reads the first replica that has not failed in
+//!    this call (servers that failed recently are tried last); for writes every replica.
+//! 3. One frame per server is encoded straight into that connection's buffer and written; only then
+//!    are the replies read, one server after another, so every server works at the same time.
+//! 4. Reply values are scattered into the caller's output by key index (no per-key allocation).
+//! 5. A server that fails (connect, I/O, timeout, garbage) is marked down and its partitions go to the
+//!    next replica in another round; a partition with no replica left is reported by number.
+//! 6. A refusal for a stale epoch (WRONG_EPOCH, NOT_OWNER) fetches the spec from the refusing server,
+//!    adopts it and retries the batch, a bounded number of times.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use ramgrid_proto::cluster::{ClusterSpec, PartitionMap};
+use ramgrid_proto::native::{
+    CreateTable, ErrorReply, Hello, Opcode, Request, Response, Status, TableInfo, ValueType,
+    VersionRef, PROTOCOL_VERSION,
+};
+
+use crate::conn::{Conn, ConnSettings, Pool};
+use crate::error::{Error, Result};
+use crate::near::{NearCache, NearStats};
+use crate::plan::Ack;
+use crate::values::Values;
+
+/// Largest request frame body the client builds before the servers told it their limit.
+const DEFAULT_MAX_BODY: usize = 1 << 20;
+/// Largest request frame body the client builds at all: bigger batches are cut into chunks, each a
+/// full fan-out round, which bounds the memory a batch holds in flight.
+const CHUNK_BODY: usize = 16 << 20;
+/// Room left in a frame for its header, table name and per-group overhead.
+const FRAME_SLACK: usize = 4096;
+/// How long "version V of T is not sealed" is believed before the near cache asks again.
+const UNSEALED_RECHECK: Duration = Duration::from_secs(1);
+/// Attempts at CREATE_VERSION when another client takes the same number at the same time.
+const CREATE_VERSION_TRIES: u32 = 8;
+
+/// How a [`Client`] connects and behaves.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// The servers (`host:port`), in cluster-spec order.
+    pub servers: Vec<String>,
+    /// Auth token presented in HELLO.
+    pub token: Option<String>,
+    /// Limit for each request round trip (every round of a batch gets its own).
+    pub timeout: Duration,
+    /// Limit for opening a TCP connection.
+    pub connect_timeout: Duration,
+    /// Replicas that must acknowledge each written key.
+    pub ack: Ack,
+    /// Near cache size in bytes for sealed versions read with a pinned version; 0 turns it off.
+    pub near_cache_bytes: usize,
+    /// Idle connections kept per server.
+    pub pool_size: usize,
+    /// How many times a batch refused for a stale spec is retried after a refresh.
+    pub spec_retries: u32,
+    /// Name sent in HELLO (shows in server logs).
+    pub client_name: String,
+}
+
+impl ClientConfig {
+    /// Defaults for `servers`: 5 s timeout, 1 s connect timeout, ack all, no near cache, 4 pooled connections.
+    pub fn new(servers: Vec<String>) -> ClientConfig {
+        ClientConfig {
+            servers,
+            token: None,
+            timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(1),
+            ack: Ack::All,
+            near_cache_bytes: 0,
+            pool_size: 4,
+            spec_retries: 3,
+            client_name: format!("ramgrid-client/{}", env!("CARGO_PKG_VERSION")),
+        }
+    }
+}
+
+/// One server's `stats` as (name, value) pairs, in the server's order.
+pub type ServerStats = Vec<(String, String)>;
+
+/// What the client knows of a table (fixed at creation, so cached).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableMeta {
+    /// Number of partitions.
+    pub partitions: u32,
+    /// Replication factor asked for at creation.
+    pub replication: u32,
+    /// Value type.
+    pub value_type: ValueType,
+}
+
+/// A table as the whole cluster holds it (DESCRIBE_TABLE aggregated over servers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableDescription {
+    /// Table name.
+    pub name: String,
+    /// Number of partitions.
+    pub partitions: u32,
+    /// Replication factor asked for at creation.
+    pub replication: u32,
+    /// Value type.
+    pub value_type: ValueType,
+    /// The newest current version over the servers (during a switch, some may still point at the previous one).
+    pub current_version: u32,
+    /// Every version any server holds, ascending.
+    pub versions: Vec<VersionSummary>,
+}
+
+/// One version of a table over the whole cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VersionSummary {
+    /// Version number.
+    pub version: u32,
+    /// Sealed on every server that holds it.
+    pub sealed: bool,
+    /// Items summed over servers, divided by the effective replication (each item counted once when
+    /// every replica holds it).
+    pub items: u64,
+    /// Bytes, counted like `items`.
+    pub bytes: u64,
+}
+
+/// The outcome of [`Client::get`]: values and found flags in key order, and the version read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GetResult {
+    /// The values (zero / empty where not found).
+    pub values: Values,
+    /// Whether each key was found.
+    pub found: Vec<bool>,
+    /// The version every value was read from.
+    pub version: u32,
+}
+
+/// A cluster client. Cheap to clone (clones share pools and caches); `Send + Sync`, and concurrent
+/// callers use different pooled connections.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("servers", &self.servers())
+            .field("epoch", &self.epoch())
+            .finish()
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) settings: ConnSettings,
+    pub(crate) ack: Ack,
+    pub(crate) spec_retries: u32,
+    pub(crate) topo: RwLock<Arc<Topology>>,
+    pub(crate) pools: Mutex<HashMap<String, Arc<Pool>>>,
+    pub(crate) tables: RwLock<HashMap<String, TableMeta>>,
+    pub(crate) near: Option<NearCache>,
+    /// (table, version) -> None when known sealed, Some(when) when seen unsealed.
+    pub(crate) sealed: Mutex<HashMap<(String, u32), Option<Instant>>>,
+    /// Smallest HELLO max_body seen (0 until a server told).
+    pub(crate) max_body: AtomicU64,
+}
+
+/// A spec, its epoch and pools, and the partition maps built from it.
+pub(crate) struct Topology {
+    pub(crate) spec: ClusterSpec,
+    pub(crate) epoch: u64,
+    pub(crate) pools: Vec<Arc<Pool>>,
+    pub(crate) maps: Mutex<HashMap<(u32, u32), Arc<PartitionMap>>>,
+}
+
+impl Topology {
+    pub(crate) fn map(&self, meta: &TableMeta) -> Arc<PartitionMap> {
+        self.maps
+            .lock()
+            .entry((meta.partitions, meta.replication))
+            .or_insert_with(|| {
+                Arc::new(PartitionMap::new(
+                    &self.spec,
+                    meta.partitions,
+                    meta.replication,
+                ))
+            })
+            .clone()
+    }
+}
+
+/// Why a round stopped: a refusal that a spec refresh may cure, or anything else.
+pub(crate) enum OpError {
+    /// The server at this index refused the epoch or the partitions.
+    Stale(usize, String),
+    /// Give up with this error.
+    Fatal(Error),
+}
+
+impl From<Error> for OpError {
+    fn from(e: Error) -> OpError {
+        OpError::Fatal(e)
+    }
+}
+
+/// How one server's reply was taken.
+pub(crate) enum Handled {
+    Ok,
+    /// The server failed this request (not the data): try another replica.
+    Failed(Error),
+}
+
+pub(crate) fn encode_err(e: ramgrid_proto::native::FrameError) -> Error {
+    Error::InvalidArgument(format!("cannot encode request: {e}"))
+}
+
+/// Maps a refusal to an error; WRONG_EPOCH and NOT_OWNER become [`OpError::Stale`].
+pub(crate) fn refusal(
+    server: usize,
+    addr: &str,
+    table: &str,
+    version: u32,
+    e: ErrorReply,
+) -> OpError {
+    let s = || addr.to_string();
+    let err = match e.status {
+        Status::WrongEpoch | Status::NotOwner => {
+            return OpError::Stale(server, format!("{addr}: {} {}", e.status.name(), e.message));
+        }
+        Status::NoSuchTable => Error::TableNotFound(table.to_string()),
+        Status::TableExists => Error::TableExists(table.to_string()),
+        Status::NoSuchVersion => Error::VersionNotFound {
+            table: table.to_string(),
+            version,
+        },
+        Status::VersionSealed => Error::VersionSealed {
+            table: table.to_string(),
+            version,
+        },
+        Status::VersionNotSealed => Error::VersionNotSealed {
+            table: table.to_string(),
+            version,
+        },
+        Status::AuthRequired | Status::AuthFailed => Error::Auth {
+            server: s(),
+            message: e.message,
+        },
+        Status::OutOfMemory => Error::OutOfMemory {
+            server: s(),
+            message: e.message,
+        },
+        Status::UnsupportedProtocol => Error::Protocol {
+            server: s(),
+            message: e.message,
+        },
+        Status::BadRequest
+        | Status::TooLarge
+        | Status::Internal
+        | Status::VersionExists
+        | Status::Ok => {
+            if matches!(e.status, Status::BadRequest | Status::TooLarge) {
+                return OpError::Fatal(Error::InvalidArgument(format!(
+                    "{addr} refused: {} {}",
+                    e.status.name(),
+                    e.message
+                )));
+            }
+            Error::Server {
+                server: s(),
+                status: e.status.name(),
+                message: e.message,
+            }
+        }
+    };
+    OpError::Fatal(err)
+}
+
+impl Client {
+    /// A client for the servers in `config`. No connection is made until the first request.
+    pub fn new(config: ClientConfig) -> Result<Client> {
+        // The token goes in HELLO only, never into the spec text that push_spec sends and GET_SPEC
+        // hands to any authenticated peer (it does not count in the epoch either).
+        let spec = ClusterSpec::new(config.servers.clone(), None)
+            .map_err(|e| Error::InvalidArgument(format!("bad server list: {e}")))?;
+        let settings = ConnSettings {
+            connect_timeout: config.connect_timeout,
+            timeout: config.timeout,
+            token: config.token,
+            pool_size: config.pool_size,
+            client_name: config.client_name,
+        };
+        let inner = Inner {
+            settings,
+            ack: config.ack,
+            spec_retries: config.spec_retries,
+            topo: RwLock::new(Arc::new(Topology {
+                epoch: spec.epoch(),
+                spec: spec.clone(),
+                pools: Vec::new(),
+                maps: Mutex::new(HashMap::new()),
+            })),
+            pools: Mutex::new(HashMap::new()),
+            tables: RwLock::new(HashMap::new()),
+            near: (config.near_cache_bytes > 0).then(|| NearCache::new(config.near_cache_bytes)),
+            sealed: Mutex::new(HashMap::new()),
+            max_body: AtomicU64::new(0),
+        };
+        let client = Client {
+            inner: Arc::new(inner),
+        };
+        client.adopt(spec);
+        Ok(client)
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Spec and topology
+
+    pub(crate) fn topology(&self) -> Arc<Topology> {
+        self.inner.topo.read().clone()
+    }
+
+    /// Installs `spec` as this client's view, reusing the pools of servers it already knew.
+    fn adopt(&self, spec: ClusterSpec) {
+        let spec = ClusterSpec::new(spec.servers().to_vec(), None).unwrap_or(spec);
+        let pools = {
+            let mut known = self.inner.pools.lock();
+            spec.servers()
+                .iter()
+                .map(|a| {
+                    known
+                        .entry(a.clone())
+                        .or_insert_with(|| Arc::new(Pool::new(a.clone())))
+                        .clone()
+                })
+                .collect()
+        };
+        let topo = Topology {
+            epoch: spec.epoch(),
+            spec,
+            pools,
+            maps: Mutex::new(HashMap::new()),
+        };
+        *self.inner.topo.write() = Arc::new(topo);
+    }
+
+    /// The servers of the current spec, in order.
+    pub fn servers(&self) -> Vec<String> {
+        self.topology().spec.servers().to_vec()
+    }
+
+    /// The epoch of the current spec.
+    pub fn epoch(&self) -> u64 {
+        self.topology().epoch
+    }
+
+    /// The current spec.
+    pub fn spec(&self) -> ClusterSpec {
+        self.topology().spec.clone()
+    }
+
+    /// Fetches the spec from the servers (the first that has one answers) and adopts it if its epoch
+    /// differs from this client's.
+    pub fn refresh_spec(&self) -> Result<()> {
+        let topo = self.topology();
+        let mut last = None;
+        for s in 0..topo.pools.len() {
+            match self.fetch_spec(&topo, s) {
+                Ok(Some(spec)) => {
+                    if spec.epoch() != topo.epoch {
+                        self.adopt(spec);
+                    }
+                    return Ok(());
+                }
+                Ok(None) => {}
+                Err(e) => last = Some(e),
+            }
+        }
+        match last {
+            Some(e) => Err(e),
+            None => Ok(()), // No server has a spec yet: ours stands (push_spec installs it).
+        }
+    }
+
+    /// GET_SPEC from one server: `None` when it has none installed.
+    fn fetch_spec(&self, topo: &Topology, s: usize) -> Result<Option<ClusterSpec>> {
+        let mut spec = None;
+        self.request(&topo.pools[s], &Request::GetSpec, |resp| match resp {
+            Response::Spec(r) if r.epoch == 0 => Ok(()),
+            Response::Spec(r) => {
+                let parsed = ClusterSpec::parse_bytes(r.spec).map_err(|e| Error::Protocol {
+                    server: topo.pools[s].addr.clone(),
+                    message: format!("bad spec from server: {e}"),
+                })?;
+                spec = Some(parsed);
+                Ok(())
+            }
+            other => Err(unexpected(&topo.pools[s].addr, &other)),
+        })?;
+        Ok(spec)
+    }
+
+    /// Sends this client's spec to every server (SET_SPEC); how a new cluster learns its layout.
+    pub fn push_spec(&self) -> Result<()> {
+        let topo = self.topology();
+        let text = topo.spec.to_text();
+        self.broadcast(
+            &topo,
+            &Request::SetSpec {
+                spec: text.as_bytes(),
+            },
+            "",
+            0,
+            |_, resp| match resp {
+                Response::SpecSet { .. } => Ok(()),
+                other => Err(OpError::Fatal(Error::Protocol {
+                    server: String::new(),
+                    message: format!("unexpected reply {other:?}"),
+                })),
+            },
+        )
+    }
+
+    /// After a stale-epoch refusal from server `s`: adopt its spec if it differs, forget the table's
+    /// cached shape (it may have been recreated), and say whether a retry can help.
+    pub(crate) fn on_stale(&self, topo: &Topology, s: usize, table: &str) -> Result<()> {
+        self.inner.tables.write().remove(table);
+        match self.fetch_spec(topo, s)? {
+            Some(spec) if spec.epoch() != topo.epoch => self.adopt(spec),
+            Some(_) => {}
+            None => {
+                return Err(Error::StaleSpec(format!(
+                    "{} has no cluster spec installed (push one with push_spec)",
+                    topo.pools[s].addr
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Connections and exchanges
+
+    fn checkout(&self, pool: &Pool) -> Result<Conn> {
+        if let Some(c) = pool.take_idle() {
+            return Ok(c);
+        }
+        let mut conn = Conn::connect(&pool.addr, &self.inner.settings)?;
+        let token = self
+            .inner
+            .settings
+            .token
+            .as_deref()
+            .unwrap_or("")
+            .as_bytes();
+        let hello = Request::Hello(Hello {
+            protocol_version: PROTOCOL_VERSION,
+            token,
+            client_name: &self.inner.settings.client_name,
+        });
+        let id = conn.next_request_id();
+        let mut buf = std::mem::take(&mut conn.wbuf);
+        buf.clear();
+        hello.encode(&mut buf, id).map_err(encode_err)?;
+        let deadline = Instant::now() + self.inner.settings.timeout;
+        conn.send(&pool.addr, &buf, id, Opcode::Hello, deadline)?;
+        conn.wbuf = buf;
+        let reply = conn.recv(&pool.addr, deadline)?;
+        match Response::decode_body(Opcode::Hello, reply.body) {
+            Ok(Response::Hello(h)) => {
+                let mb = u64::from(h.max_body);
+                let _ =
+                    self.inner
+                        .max_body
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
+                            (cur == 0 || mb < cur).then_some(mb)
+                        });
+            }
+            Ok(Response::Error(e))
+                if matches!(e.status, Status::AuthFailed | Status::AuthRequired) =>
+            {
+                return Err(Error::Auth {
+                    server: pool.addr.clone(),
+                    message: format!("{} {}", e.status.name(), e.message),
+                })
+            }
+            Ok(other) => return Err(unexpected(&pool.addr, &other)),
+            Err(e) => {
+                return Err(Error::Protocol {
+                    server: pool.addr.clone(),
+                    message: e.to_string(),
+                })
+            }
+        }
+        Ok(conn)
+    }
+
+    fn put_back(&self, pool: &Pool, conn: Conn) {
+        pool.put_back(conn, self.inner.settings.pool_size);
+    }
+
+    /// One request to one server, its reply handed to `take`.
+    fn request(
+        &self,
+        pool: &Pool,
+        req: &Request<'_>,
+        take: impl FnOnce(Response<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let mut conn = self.checkout(pool)?;
+        let id = conn.next_request_id();
+        let mut buf = std::mem::take(&mut conn.wbuf);
+        buf.clear();
+        req.encode(&mut buf, id).map_err(encode_err)?;
+        let deadline = Instant::now() + self.inner.settings.timeout;
+        let sent = conn.send(&pool.addr, &buf, id, req.opcode(), deadline);
+        conn.wbuf = buf;
+        sent.inspect_err(|e| {
+            if e.is_transport() {
+                pool.mark_down()
+            }
+        })?;
+        let out = {
+            let reply = conn.recv(&pool.addr, deadline).inspect_err(|e| {
+                if e.is_transport() {
+                    pool.mark_down()
+                }
+            })?;
+            let resp =
+                Response::decode_body(req.opcode(), reply.body).map_err(|e| Error::Protocol {
+                    server: pool.addr.clone(),
+                    message: e.to_string(),
+                })?;
+            take(resp)
+        };
+        pool.mark_up();
+        self.put_back(pool, conn);
+        out
+    }
+
+    /// Writes one frame to each server in `servers` (built by `encode(server, buf, request_id)`), then
+    /// reads every reply and hands it to `handle`. Returns the servers that failed, with why; a
+    /// `handle` error stops the exchange.
+    pub(crate) fn exchange(
+        &self,
+        topo: &Topology,
+        servers: impl Iterator<Item = usize>,
+        op: Opcode,
+        mut encode: impl FnMut(usize, &mut Vec<u8>, u64) -> Result<()>,
+        mut handle: impl FnMut(usize, Response<'_>) -> std::result::Result<Handled, OpError>,
+    ) -> std::result::Result<Vec<(usize, Error)>, OpError> {
+        let mut failed = Vec::new();
+        // Each server's wait starts when its frame is written, so a server that blocks the write
+        // (a full socket buffer) does not eat the time of the servers after it.
+        let mut inflight: Vec<(usize, Conn, Instant)> = Vec::new();
+        for s in servers {
+            let pool = &topo.pools[s];
+            let mut conn = match self.checkout(pool) {
+                Ok(c) => c,
+                Err(e) if e.is_transport() => {
+                    pool.mark_down();
+                    failed.push((s, e));
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let id = conn.next_request_id();
+            let mut buf = std::mem::take(&mut conn.wbuf);
+            buf.clear();
+            encode(s, &mut buf, id)?;
+            let deadline = Instant::now() + self.inner.settings.timeout;
+            let sent = conn.send(&pool.addr, &buf, id, op, deadline);
+            // Keep a connection's buffer for its next frame, unless one huge batch made it huge.
+            if buf.capacity() <= 4 * CHUNK_BODY / 16 {
+                conn.wbuf = buf;
+            }
+            match sent {
+                Ok(()) => inflight.push((s, conn, deadline)),
+                Err(e) => {
+                    pool.mark_down();
+                    failed.push((s, e));
+                }
+            }
+        }
+        for (s, mut conn, deadline) in inflight {
+            let pool = &topo.pools[s];
+            let handled = match conn.recv(&pool.addr, deadline) {
+                Ok(reply) => match Response::decode_body(op, reply.body) {
+                    Ok(resp) => handle(s, resp),
+                    Err(e) => Ok(Handled::Failed(Error::Protocol {
+                        server: pool.addr.clone(),
+                        message: e.to_string(),
+                    })),
+                },
+                Err(e) => Ok(Handled::Failed(e)),
+            };
+            match handled {
+                Ok(Handled::Ok) => {
+                    pool.mark_up();
+                    self.put_back(pool, conn);
+                }
+                Ok(Handled::Failed(e)) => {
+                    if e.is_transport() {
+                        pool.mark_down();
+                    } else {
+                        self.put_back(pool, conn);
+                    }
+                    failed.push((s, e));
+                }
+                Err(e) => {
+                    self.put_back(pool, conn);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(failed)
+    }
+
+    /// Sends one request to every server of the spec; every server must answer and accept.
+    fn broadcast(
+        &self,
+        topo: &Topology,
+        req: &Request<'_>,
+        table: &str,
+        version: u32,
+        mut take: impl FnMut(usize, Response<'_>) -> std::result::Result<(), OpError>,
+    ) -> Result<()> {
+        let failed = self
+            .exchange(
+                topo,
+                0..topo.pools.len(),
+                req.opcode(),
+                |_, buf, id| req.encode(buf, id).map_err(encode_err),
+                |s, resp| match resp {
+                    Response::Error(e) => Err(refusal(s, &topo.pools[s].addr, table, version, e)),
+                    other => take(s, other).map(|()| Handled::Ok),
+                },
+            )
+            .map_err(|e| match e {
+                OpError::Fatal(e) => e,
+                OpError::Stale(_, m) => Error::StaleSpec(m),
+            })?;
+        match failed.into_iter().next() {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends one request to every server and collects each answer (refusals included) by server.
+    fn ask_all<T>(
+        &self,
+        topo: &Topology,
+        req: &Request<'_>,
+        mut take: impl FnMut(usize, Response<'_>) -> Result<T>,
+    ) -> Result<Vec<Option<T>>> {
+        let mut out: Vec<Option<T>> = (0..topo.pools.len()).map(|_| None).collect();
+        let failed = self
+            .exchange(
+                topo,
+                0..topo.pools.len(),
+                req.opcode(),
+                |_, buf, id| req.encode(buf, id).map_err(encode_err),
+                |s, resp| {
+                    out[s] = Some(take(s, resp)?);
+                    Ok(Handled::Ok)
+                },
+            )
+            .map_err(|e| match e {
+                OpError::Fatal(e) => e,
+                OpError::Stale(_, m) => Error::StaleSpec(m),
+            })?;
+        match failed.into_iter().next() {
+            Some((_, e)) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    fn max_body(&self) -> usize {
+        match self.inner.max_body.load(Ordering::Relaxed) {
+            0 => DEFAULT_MAX_BODY,
+            n => (n as usize).min(CHUNK_BODY),
+        }
+    }
+
+    /// Cuts `idx` into runs whose frames fit the servers' body limit even if every key went to one server.
+    pub(crate) fn chunks<'i>(
+        &self,
+        idx: &'i [u32],
+        cost: impl Fn(usize) -> usize,
+    ) -> Vec<&'i [u32]> {
+        let budget = self.max_body().saturating_sub(FRAME_SLACK).max(1024);
+        let mut out = Vec::new();
+        let (mut start, mut used) = (0, 0usize);
+        for (j, &i) in idx.iter().enumerate() {
+            let c = cost(i as usize) + 8; // + the key's share of a group header, generously
+            if used + c > budget && j > start {
+                out.push(&idx[start..j]);
+                start = j;
+                used = 0;
+            }
+            used += c;
+        }
+        if start < idx.len() {
+            out.push(&idx[start..]);
+        }
+        out
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Tables and versions
+
+    /// A table's shape (partitions, replication, value type), cached after the first ask.
+    pub fn table_meta(&self, table: &str) -> Result<TableMeta> {
+        if let Some(m) = self.inner.tables.read().get(table) {
+            return Ok(*m);
+        }
+        let topo = self.topology();
+        let mut last = None;
+        for s in 0..topo.pools.len() {
+            let mut meta = None;
+            let r = self.request(
+                &topo.pools[s],
+                &Request::DescribeTable { name: table },
+                |resp| match resp {
+                    Response::Table(t) => {
+                        meta = Some(TableMeta {
+                            partitions: t.partitions,
+                            replication: t.replication,
+                            value_type: t.value_type,
+                        });
+                        Ok(())
+                    }
+                    Response::Error(e) if e.status == Status::NoSuchTable => {
+                        Err(Error::TableNotFound(table.to_string()))
+                    }
+                    Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, table, 0, e)),
+                    other => Err(unexpected(&topo.pools[s].addr, &other)),
+                },
+            );
+            match (r, meta) {
+                (Ok(()), Some(m)) => {
+                    self.inner.tables.write().insert(table.to_string(), m);
+                    return Ok(m);
+                }
+                (Err(e), _) if e.is_transport() => last = Some(e),
+                (Err(e), _) => return Err(e),
+                (Ok(()), None) => {}
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::TableNotFound(table.to_string())))
+    }
+
+    /// Creates a table on every server, with an open version 1 that is current.
+    pub fn create_table(
+        &self,
+        name: &str,
+        partitions: u32,
+        replication: u32,
+        value_type: ValueType,
+    ) -> Result<()> {
+        if partitions == 0 || replication == 0 {
+            return Err(Error::InvalidArgument(
+                "partitions and replication must be at least 1".into(),
+            ));
+        }
+        if name.is_empty() || name.len() > ramgrid_proto::native::MAX_NAME_LEN {
+            return Err(Error::InvalidArgument(format!(
+                "table names are 1 to {} bytes",
+                ramgrid_proto::native::MAX_NAME_LEN
+            )));
+        }
+        let topo = self.topology();
+        let req = Request::CreateTable(CreateTable {
+            name,
+            partitions,
+            replication,
+            value_type,
+        });
+        // A server that already has the table still lets the others create it, so a retry after a
+        // partial failure converges; TABLE_EXISTS is reported once all have answered.
+        let mut exists = false;
+        let answers = self.ask_all(&topo, &req, |s, resp| match resp {
+            Response::Done => Ok(()),
+            Response::Error(e) if e.status == Status::TableExists => {
+                exists = true;
+                Ok(())
+            }
+            Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, name, 0, e)),
+            other => Err(unexpected(&topo.pools[s].addr, &other)),
+        })?;
+        debug_assert!(answers.iter().all(Option::is_some));
+        self.forget_table(name);
+        if exists {
+            return Err(Error::TableExists(name.to_string()));
+        }
+        Ok(())
+    }
+
+    fn forget_table(&self, name: &str) {
+        self.inner.tables.write().remove(name);
+        self.inner.sealed.lock().retain(|(t, _), _| t != name);
+        if let Some(n) = &self.inner.near {
+            n.purge_table(name);
+        }
+    }
+
+    /// Drops a table (every version) on every server. Fails only if no server had it.
+    pub fn drop_table(&self, name: &str) -> Result<()> {
+        let topo = self.topology();
+        let mut dropped = false;
+        self.ask_all(&topo, &Request::DropTable { name }, |s, resp| match resp {
+            Response::Done => {
+                dropped = true;
+                Ok(())
+            }
+            Response::Error(e) if e.status == Status::NoSuchTable => Ok(()),
+            Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, name, 0, e)),
+            other => Err(unexpected(&topo.pools[s].addr, &other)),
+        })?;
+        self.forget_table(name);
+        if !dropped {
+            return Err(Error::TableNotFound(name.to_string()));
+        }
+        Ok(())
+    }
+
+    /// Every table any server holds, aggregated like [`Client::describe_table`], by name.
+    pub fn list_tables(&self) -> Result<Vec<TableDescription>> {
+        let topo = self.topology();
+        let answers = self.ask_all(&topo, &Request::ListTables, |s, resp| match resp {
+            Response::Tables(ts) => Ok(ts),
+            Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, "", 0, e)),
+            other => Err(unexpected(&topo.pools[s].addr, &other)),
+        })?;
+        let mut by_name: std::collections::BTreeMap<String, Vec<TableInfo>> = Default::default();
+        for t in answers.into_iter().flatten().flatten() {
+            by_name.entry(t.name.clone()).or_default().push(t);
+        }
+        Ok(by_name
+            .into_values()
+            .map(|infos| aggregate(&topo, &infos))
+            .collect())
+    }
+
+    /// A table over the whole cluster: versions merged, items and bytes summed over servers and
+    /// divided by the effective replication.
+    pub fn describe_table(&self, name: &str) -> Result<TableDescription> {
+        let topo = self.topology();
+        let infos = self.describe_all(&topo, name)?;
+        if infos.is_empty() {
+            return Err(Error::TableNotFound(name.to_string()));
+        }
+        Ok(aggregate(&topo, &infos))
+    }
+
+    /// DESCRIBE_TABLE on every server; the servers that do not have the table are left out.
+    fn describe_all(&self, topo: &Topology, name: &str) -> Result<Vec<TableInfo>> {
+        let answers = self.ask_all(
+            topo,
+            &Request::DescribeTable { name },
+            |s, resp| match resp {
+                Response::Table(t) => Ok(Some(t)),
+                Response::Error(e) if e.status == Status::NoSuchTable => Ok(None),
+                Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, name, 0, e)),
+                other => Err(unexpected(&topo.pools[s].addr, &other)),
+            },
+        )?;
+        Ok(answers.into_iter().flatten().flatten().collect())
+    }
+
+    /// The newest current version over the servers.
+    pub fn current_version(&self, table: &str) -> Result<u32> {
+        Ok(self.describe_table(table)?.current_version)
+    }
+
+    /// Creates the next version (open, not current) on every server and returns its number: one more
+    /// than the highest any server holds. If another client takes the number first, the versions this
+    /// call created are dropped and the next number is tried.
+    pub fn create_version(&self, table: &str) -> Result<u32> {
+        let topo = self.topology();
+        for _ in 0..CREATE_VERSION_TRIES {
+            let infos = self.describe_all(&topo, table)?;
+            if infos.is_empty() {
+                return Err(Error::TableNotFound(table.to_string()));
+            }
+            let max = infos
+                .iter()
+                .flat_map(|t| t.versions.iter().map(|v| v.number))
+                .chain(infos.iter().map(|t| t.current_version))
+                .max();
+            let version = max.unwrap_or(0) + 1;
+            let req = Request::CreateVersion(VersionRef { table, version });
+            let mut conflict = false;
+            let created = self.ask_all(&topo, &req, |s, resp| match resp {
+                Response::Done => Ok(true),
+                Response::Error(e) if e.status == Status::VersionExists => {
+                    conflict = true;
+                    Ok(false)
+                }
+                Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, table, version, e)),
+                other => Err(unexpected(&topo.pools[s].addr, &other)),
+            })?;
+            if !conflict {
+                return Ok(version);
+            }
+            for (s, made) in created.iter().enumerate() {
+                if *made == Some(true) {
+                    let _ = self.request(
+                        &topo.pools[s],
+                        &Request::DropVersion(VersionRef { table, version }),
+                        |_| Ok(()),
+                    );
+                }
+            }
+            // Two clients racing for the same number back off by different random amounts.
+            use std::hash::{BuildHasher, Hasher};
+            let jitter = std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+                % 16;
+            std::thread::sleep(Duration::from_millis(1 + jitter));
+        }
+        Err(Error::Server {
+            server: String::new(),
+            status: "VERSION_EXISTS",
+            message: format!(
+                "could not create a new version of {table}: other clients kept taking the number"
+            ),
+        })
+    }
+
+    /// Seals a version on every server (idempotent).
+    pub fn seal_version(&self, table: &str, version: u32) -> Result<()> {
+        let topo = self.topology();
+        let req = Request::SealVersion(VersionRef { table, version });
+        self.ask_all(&topo, &req, |s, resp| match resp {
+            Response::Done => Ok(()),
+            Response::Error(e) if e.status == Status::VersionSealed => Ok(()),
+            Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, table, version, e)),
+            other => Err(unexpected(&topo.pools[s].addr, &other)),
+        })?;
+        // Every server answered: the version is sealed everywhere, so the near cache may keep it.
+        self.inner
+            .sealed
+            .lock()
+            .insert((table.to_string(), version), None);
+        Ok(())
+    }
+
+    /// Makes a version current on every server. Refused, with nothing switched, unless every server
+    /// holds it sealed.
+    pub fn set_current(&self, table: &str, version: u32) -> Result<()> {
+        let topo = self.topology();
+        let infos = self.describe_all(&topo, table)?;
+        if infos.len() < topo.pools.len() {
+            return Err(Error::TableNotFound(table.to_string()));
+        }
+        for t in &infos {
+            match t.versions.iter().find(|v| v.number == version) {
+                None => {
+                    return Err(Error::VersionNotFound {
+                        table: table.to_string(),
+                        version,
+                    })
+                }
+                Some(v) if !v.sealed => {
+                    return Err(Error::VersionNotSealed {
+                        table: table.to_string(),
+                        version,
+                    })
+                }
+                Some(_) => {}
+            }
+        }
+        let req = Request::SetCurrent(VersionRef { table, version });
+        self.broadcast(&topo, &req, table, version, |s, resp| match resp {
+            Response::Done => Ok(()),
+            other => Err(OpError::Fatal(unexpected(&topo.pools[s].addr, &other))),
+        })
+    }
+
+    /// Drops a version on every server. Fails only if no server had it.
+    pub fn drop_version(&self, table: &str, version: u32) -> Result<()> {
+        let topo = self.topology();
+        let req = Request::DropVersion(VersionRef { table, version });
+        let mut dropped = false;
+        self.ask_all(&topo, &req, |s, resp| match resp {
+            Response::Done => {
+                dropped = true;
+                Ok(())
+            }
+            Response::Error(e)
+                if matches!(e.status, Status::NoSuchVersion | Status::NoSuchTable) =>
+            {
+                Ok(())
+            }
+            Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, table, version, e)),
+            other => Err(unexpected(&topo.pools[s].addr, &other)),
+        })?;
+        // A later version may reuse the number: its values must not come from the old one's cache.
+        self.inner
+            .sealed
+            .lock()
+            .remove(&(table.to_string(), version));
+        if let Some(n) = &self.inner.near {
+            n.purge_table(table);
+        }
+        if !dropped {
+            return Err(Error::VersionNotFound {
+                table: table.to_string(),
+                version,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether `version` of `table` is sealed on every server (remembered once true).
+    pub(crate) fn version_sealed(&self, table: &str, version: u32) -> bool {
+        let key = (table.to_string(), version);
+        match self.inner.sealed.lock().get(&key) {
+            Some(None) => return true,
+            Some(Some(at)) if at.elapsed() < UNSEALED_RECHECK => return false,
+            _ => {}
+        }
+        let topo = self.topology();
+        let sealed = match self.describe_all(&topo, table) {
+            Ok(infos) => {
+                infos.len() == topo.pools.len()
+                    && infos
+                        .iter()
+                        .all(|t| t.versions.iter().any(|v| v.number == version && v.sealed))
+            }
+            Err(_) => false,
+        };
+        self.inner
+            .sealed
+            .lock()
+            .insert(key, if sealed { None } else { Some(Instant::now()) });
+        sealed
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Observability
+
+    /// Near-cache counters (all zero when it is off).
+    pub fn near_stats(&self) -> NearStats {
+        self.inner
+            .near
+            .as_ref()
+            .map(NearCache::stats)
+            .unwrap_or_default()
+    }
+
+    /// Each server's memcached-protocol `stats` (name, value pairs), in spec order; `Err` entries for
+    /// servers that did not answer.
+    pub fn server_stats(&self) -> Vec<(String, Result<ServerStats>)> {
+        let topo = self.topology();
+        topo.spec
+            .servers()
+            .iter()
+            .map(|addr| {
+                (
+                    addr.clone(),
+                    crate::stats::fetch(
+                        addr,
+                        self.inner.settings.connect_timeout,
+                        self.inner.settings.timeout,
+                    ),
+                )
+            })
+            .collect()
+    }
+
+    /// Closes every idle connection (in-flight calls finish normally; later calls reconnect).
+    pub fn close(&self) {
+        for p in self.inner.pools.lock().values() {
+            p.clear();
+        }
+    }
+}
+
+pub(crate) fn unexpected(addr: &str, resp: &Response<'_>) -> Error {
+    let what = match resp {
+        Response::Error(e) => format!("{} {}", e.status.name(), e.message),
+        other => format!("{other:?}").chars().take(80).collect(),
+    };
+    Error::Protocol {
+        server: addr.to_string(),
+        message: format!("unexpected reply: {what}"),
+    }
+}
+
+fn refusal_err(addr: &str, table: &str, version: u32, e: ErrorReply) -> Error {
+    match refusal(0, addr, table, version, e) {
+        OpError::Fatal(e) => e,
+        OpError::Stale(_, m) => Error::StaleSpec(m),
+    }
+}
+
+/// Merges one table's descriptions from several servers.
+fn aggregate(topo: &Topology, infos: &[TableInfo]) -> TableDescription {
+    let first = &infos[0];
+    let r = u64::from(first.replication.clamp(1, (topo.pools.len() as u32).max(1)));
+    let mut versions: std::collections::BTreeMap<u32, VersionSummary> = Default::default();
+    for t in infos {
+        for v in &t.versions {
+            let e = versions.entry(v.number).or_insert(VersionSummary {
+                version: v.number,
+                sealed: true,
+                items: 0,
+                bytes: 0,
+            });
+            e.sealed &= v.sealed;
+            e.items += v.items;
+            e.bytes += v.bytes;
+        }
+    }
+    for v in versions.values_mut() {
+        v.items = v.items.div_ceil(r);
+        v.bytes = v.bytes.div_ceil(r);
+    }
+    TableDescription {
+        name: first.name.clone(),
+        partitions: first.partitions,
+        replication: first.replication,
+        value_type: first.value_type,
+        current_version: infos.iter().map(|t| t.current_version).max().unwrap_or(0),
+        versions: versions.into_values().collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_respect_the_body_budget() {
+        let c = Client::new(ClientConfig::new(vec!["127.0.0.1:1".into()])).unwrap();
+        let idx: Vec<u32> = (0..10_000).collect();
+        let chunks = c.chunks(&idx, |_| 1000);
+        assert!(chunks.len() > 1);
+        assert_eq!(chunks.iter().map(|c| c.len()).sum::<usize>(), 10_000);
+        assert!(chunks.iter().all(|c| c.len() * 1008 <= DEFAULT_MAX_BODY));
+        // A single key bigger than the budget still goes, alone.
+        let big = c.chunks(&idx[..3], |_| 10 * DEFAULT_MAX_BODY);
+        assert_eq!(big.len(), 3);
+    }
+
+    #[test]
+    fn aggregate_merges_versions_and_divides_by_replication() {
+        let topo = Topology {
+            spec: ClusterSpec::new(vec!["a:1".into(), "b:1".into(), "c:1".into()], None).unwrap(),
+            epoch: 1,
+            pools: (0..3)
+                .map(|i| Arc::new(Pool::new(format!("s{i}"))))
+                .collect(),
+            maps: Mutex::new(HashMap::new()),
+        };
+        let info = |cur, sealed2, items| TableInfo {
+            name: "t".into(),
+            partitions: 8,
+            replication: 2,
+            value_type: ValueType::I64,
+            current_version: cur,
+            versions: vec![
+                ramgrid_proto::native::VersionInfo {
+                    number: 1,
+                    sealed: true,
+                    items,
+                    bytes: 10 * items,
+                },
+                ramgrid_proto::native::VersionInfo {
+                    number: 2,
+                    sealed: sealed2,
+                    items: 1,
+                    bytes: 1,
+                },
+            ],
+        };
+        let d = aggregate(
+            &topo,
+            &[info(1, true, 4), info(2, false, 6), info(1, true, 10)],
+        );
+        assert_eq!(d.current_version, 2);
+        assert_eq!(
+            d.versions[0],
+            VersionSummary {
+                version: 1,
+                sealed: true,
+                items: 10,
+                bytes: 100
+            }
+        );
+        assert!(!d.versions[1].sealed);
+        assert_eq!(d.versions[1].items, 2);
+    }
+}

@@ -1,0 +1,283 @@
+//! One blocking connection to one server, and the per-server pool of idle connections.
+//!
+//! Each connection carries one request at a time: the fan-out writes a frame on one connection per
+//! server, then reads each reply, so the servers work at the same time without any thread per server.
+//! A connection that saw any error (I/O, timeout, a reply it could not parse) is dropped, never pooled:
+//! it may hold half a reply, and the next request would read garbage.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use ramgrid_proto::native::{parse_frame, FrameError, Opcode};
+
+use crate::error::{Error, Result};
+
+/// Largest reply body the client accepts (a GET of many large values); a longer header means the
+/// stream is out of sync.
+pub(crate) const MAX_REPLY_BODY: usize = 1 << 31;
+const READ_CHUNK: usize = 64 * 1024;
+/// How long a read past the request deadline may wait for bytes (see [`Conn::fill`]).
+const LATE_READ: Duration = Duration::from_millis(1);
+
+/// How long a server that failed is tried last (after its partitions' other replicas).
+const DOWN_FOR: Duration = Duration::from_secs(2);
+
+/// Connection settings shared by every pool of a client.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnSettings {
+    pub(crate) connect_timeout: Duration,
+    pub(crate) timeout: Duration,
+    pub(crate) token: Option<String>,
+    pub(crate) pool_size: usize,
+    pub(crate) client_name: String,
+}
+
+/// An open, authenticated connection.
+pub(crate) struct Conn {
+    stream: TcpStream,
+    /// Where the next request frame is encoded (kept between requests to avoid reallocating).
+    pub(crate) wbuf: Vec<u8>,
+    rbuf: Vec<u8>,
+    /// Bytes at the front of `rbuf` that belong to the last reply handed out.
+    consumed: usize,
+    next_id: u64,
+    last_id: u64,
+    last_op: Opcode,
+}
+
+/// One reply frame, borrowed from its connection's read buffer until the next request.
+pub(crate) struct Reply<'c> {
+    pub(crate) body: &'c [u8],
+}
+
+fn io_err(server: &str, e: io::Error) -> Error {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Timeout {
+            server: server.to_string(),
+        },
+        _ => Error::Io {
+            server: server.to_string(),
+            source: e,
+        },
+    }
+}
+
+impl Conn {
+    /// Connects (bounded by the connect timeout) and sets up the socket. HELLO is the caller's.
+    pub(crate) fn connect(server: &str, settings: &ConnSettings) -> Result<Conn> {
+        let addrs: Vec<SocketAddr> = server
+            .to_socket_addrs()
+            .map_err(|e| Error::Connect {
+                server: server.to_string(),
+                source: e,
+            })?
+            .collect();
+        let mut last = io::Error::new(io::ErrorKind::NotFound, "address resolved to nothing");
+        for addr in addrs {
+            match TcpStream::connect_timeout(&addr, settings.connect_timeout) {
+                Ok(stream) => {
+                    // Frames are written whole; Nagle would only delay the last segment of each.
+                    stream.set_nodelay(true).map_err(|e| Error::Connect {
+                        server: server.to_string(),
+                        source: e,
+                    })?;
+                    return Ok(Conn {
+                        stream,
+                        wbuf: Vec::new(),
+                        rbuf: Vec::with_capacity(READ_CHUNK),
+                        consumed: 0,
+                        next_id: 1,
+                        last_id: 0,
+                        last_op: Opcode::Ping,
+                    });
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(Error::Connect {
+            server: server.to_string(),
+            source: last,
+        })
+    }
+
+    /// A fresh request id for the next frame (the caller encodes the frame with it).
+    pub(crate) fn next_request_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// Writes one whole request frame (encoded with id `id` and opcode `op`) before `deadline`.
+    pub(crate) fn send(
+        &mut self,
+        server: &str,
+        frame: &[u8],
+        id: u64,
+        op: Opcode,
+        deadline: Instant,
+    ) -> Result<()> {
+        self.last_id = id;
+        self.last_op = op;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::Timeout {
+                server: server.to_string(),
+            });
+        }
+        self.stream
+            .set_write_timeout(Some(left))
+            .map_err(|e| io_err(server, e))?;
+        self.stream.write_all(frame).map_err(|e| io_err(server, e))
+    }
+
+    /// Reads the reply to the last request sent, waiting at most until `deadline`.
+    pub(crate) fn recv(&mut self, server: &str, deadline: Instant) -> Result<Reply<'_>> {
+        // Drop the previous reply's bytes (only one request is ever in flight, so normally all of them).
+        if self.consumed > 0 {
+            self.rbuf.drain(..self.consumed);
+            self.consumed = 0;
+        }
+        loop {
+            match parse_frame(&self.rbuf, MAX_REPLY_BODY) {
+                Ok((frame, used)) => {
+                    if !frame.is_response()
+                        || frame.request_id != self.last_id
+                        || frame.opcode != self.last_op
+                    {
+                        return Err(Error::Protocol {
+                            server: server.to_string(),
+                            message: format!(
+                                "reply {} #{} does not answer request {} #{}",
+                                frame.opcode.name(),
+                                frame.request_id,
+                                self.last_op.name(),
+                                self.last_id
+                            ),
+                        });
+                    }
+                    self.consumed = used;
+                    let body = &self.rbuf[used - frame.body.len()..used];
+                    return Ok(Reply { body });
+                }
+                Err(FrameError::Incomplete { needed }) => {
+                    let want = needed.max(self.rbuf.len() + 1);
+                    self.fill(server, want, deadline)?;
+                }
+                Err(e) => {
+                    return Err(Error::Protocol {
+                        server: server.to_string(),
+                        message: e.to_string(),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Reads until `rbuf` holds at least `want` bytes.
+    ///
+    /// Past the deadline a read still succeeds if bytes are already there (it waits at most
+    /// [`LATE_READ`]): a fan-out reads its servers one after another, and a reply that arrived in
+    /// time must not be lost because an earlier server used up the wait.
+    fn fill(&mut self, server: &str, want: usize, deadline: Instant) -> Result<()> {
+        while self.rbuf.len() < want {
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .max(LATE_READ);
+            self.stream
+                .set_read_timeout(Some(left))
+                .map_err(|e| io_err(server, e))?;
+            let len = self.rbuf.len();
+            let room = (want - len).max(READ_CHUNK);
+            self.rbuf.resize(len + room, 0);
+            let r = self.stream.read(&mut self.rbuf[len..]);
+            match r {
+                Ok(0) => {
+                    self.rbuf.truncate(len);
+                    return Err(Error::Io {
+                        server: server.to_string(),
+                        source: io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "server closed the connection",
+                        ),
+                    });
+                }
+                Ok(n) => self.rbuf.truncate(len + n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => self.rbuf.truncate(len),
+                Err(e) => {
+                    self.rbuf.truncate(len);
+                    return Err(io_err(server, e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the connection can carry another request: the last reply was read whole and nothing
+    /// else arrived after it.
+    pub(crate) fn is_clean(&self) -> bool {
+        self.rbuf.len() == self.consumed
+    }
+}
+
+/// Idle connections to one server, and when it last failed.
+pub(crate) struct Pool {
+    pub(crate) addr: String,
+    idle: Mutex<Vec<Conn>>,
+    /// Milliseconds since `epoch` until which the server counts as down; 0 = up.
+    down_until_ms: AtomicU64,
+    origin: Instant,
+}
+
+impl Pool {
+    pub(crate) fn new(addr: String) -> Pool {
+        Pool {
+            addr,
+            idle: Mutex::new(Vec::new()),
+            down_until_ms: AtomicU64::new(0),
+            origin: Instant::now(),
+        }
+    }
+
+    /// An idle connection, if one is pooled.
+    pub(crate) fn take_idle(&self) -> Option<Conn> {
+        self.idle.lock().pop()
+    }
+
+    /// Returns a connection after a complete exchange; dropped if the pool is full or it is not clean.
+    pub(crate) fn put_back(&self, conn: Conn, max_idle: usize) {
+        if !conn.is_clean() {
+            return;
+        }
+        let mut idle = self.idle.lock();
+        if idle.len() < max_idle {
+            idle.push(conn);
+        }
+    }
+
+    /// Drops every idle connection (close, or a server that failed: they may all be dead).
+    pub(crate) fn clear(&self) {
+        self.idle.lock().clear();
+    }
+
+    pub(crate) fn mark_down(&self) {
+        let until = self.origin.elapsed() + DOWN_FOR;
+        self.down_until_ms
+            .store(until.as_millis() as u64, Ordering::Relaxed);
+        self.clear();
+    }
+
+    pub(crate) fn mark_up(&self) {
+        if self.down_until_ms.load(Ordering::Relaxed) != 0 {
+            self.down_until_ms.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the server failed recently (it is then tried after the other replicas).
+    pub(crate) fn is_down(&self) -> bool {
+        let until = self.down_until_ms.load(Ordering::Relaxed);
+        until != 0 && (self.origin.elapsed().as_millis() as u64) < until
+    }
+}

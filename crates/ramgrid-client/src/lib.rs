@@ -1,0 +1,39 @@
+//! ramgrid's cluster client: partition map, connection pools, batched fan-out, replication, failover
+//! and a near cache for sealed versions.
+//!
+//! ```no_run
+//! use ramgrid_client::{Client, ClientConfig, Keys, ValuesRef};
+//! use ramgrid_proto::native::ValueType;
+//!
+//! let client = Client::new(ClientConfig::new(vec!["127.0.0.1:7001".into(), "127.0.0.1:7002".into()]))?;
+//! client.push_spec()?;
+//! client.create_table("weights", 64, 2, ValueType::F64)?;
+//! client.put("weights", Keys::I64(&[1, 2, 3]), ValuesRef::F64(&[0.1, 0.2, 0.3]), 0)?;
+//! let got = client.get("weights", Keys::I64(&[3, 4]), 0)?;
+//! assert_eq!(got.found, [true, false]);
+//! # Ok::<(), ramgrid_client::Error>(())
+//! ```
+
+#![warn(missing_docs)]
+
+mod client;
+mod conn;
+pub mod error;
+pub mod keys;
+pub mod near;
+pub mod plan;
+mod read;
+mod stats;
+pub mod values;
+mod write;
+
+pub use client::{
+    Client, ClientConfig, GetResult, ServerStats, TableDescription, TableMeta, VersionSummary,
+};
+pub use error::{Error, ErrorKind, Result};
+pub use keys::{KeyBytes, Keys};
+pub use near::{NearCache, NearStats};
+pub use plan::Ack;
+pub use ramgrid_proto::cluster::{partition_of, ClusterSpec};
+pub use ramgrid_proto::native::ValueType;
+pub use values::{parse_type, type_name, BytesValues, Values, ValuesMut, ValuesRef};

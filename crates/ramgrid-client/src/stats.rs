@@ -1,0 +1,99 @@
+//! Server statistics over the memcached text protocol (`stats`), which every ramgrid server also
+//! speaks on the same port: one short-lived connection per call, nothing pooled.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Most bytes of `stats` output accepted (a real server sends a few KiB).
+const MAX_STATS: usize = 1 << 20;
+
+/// Sends `stats` to `addr` and returns its `STAT name value` lines as pairs, in order.
+pub(crate) fn fetch(
+    addr: &str,
+    connect_timeout: Duration,
+    timeout: Duration,
+) -> Result<Vec<(String, String)>> {
+    let conn_err = |e: std::io::Error| Error::Connect {
+        server: addr.to_string(),
+        source: e,
+    };
+    let sock = addr
+        .to_socket_addrs()
+        .map_err(conn_err)?
+        .next()
+        .ok_or_else(|| {
+            conn_err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "address resolved to nothing",
+            ))
+        })?;
+    let mut stream = TcpStream::connect_timeout(&sock, connect_timeout).map_err(conn_err)?;
+    let io = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::Timeout {
+            server: addr.to_string(),
+        },
+        _ => Error::Io {
+            server: addr.to_string(),
+            source: e,
+        },
+    };
+    stream.set_read_timeout(Some(timeout)).map_err(io)?;
+    stream.set_write_timeout(Some(timeout)).map_err(io)?;
+    stream.write_all(b"stats\r\n").map_err(io)?;
+    parse(BufReader::new(stream), addr)
+}
+
+fn parse(mut r: impl BufRead, addr: &str) -> Result<Vec<(String, String)>> {
+    let proto = |m: String| Error::Protocol {
+        server: addr.to_string(),
+        message: m,
+    };
+    let mut out = Vec::new();
+    let mut line = String::new();
+    let mut total = 0;
+    loop {
+        line.clear();
+        let n = r.read_line(&mut line).map_err(|e| Error::Io {
+            server: addr.to_string(),
+            source: e,
+        })?;
+        total += n;
+        if n == 0 || total > MAX_STATS {
+            return Err(proto("stats reply ended early or is too long".into()));
+        }
+        let l = line.trim_end_matches(['\r', '\n']);
+        if l == "END" {
+            return Ok(out);
+        }
+        match l
+            .strip_prefix("STAT ")
+            .and_then(|rest| rest.split_once(' '))
+        {
+            Some((k, v)) => out.push((k.to_string(), v.to_string())),
+            None => return Err(proto(format!("unexpected stats line {l:?}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_lines_until_end() {
+        let text = b"STAT pid 12\r\nSTAT version 1.6.0 ramgrid\r\nEND\r\n";
+        let v = parse(&text[..], "s").unwrap();
+        assert_eq!(
+            v,
+            [
+                ("pid".to_string(), "12".to_string()),
+                ("version".into(), "1.6.0 ramgrid".into())
+            ]
+        );
+        assert!(parse(&b"STAT pid 12\r\n"[..], "s").is_err());
+        assert!(parse(&b"ERROR\r\n"[..], "s").is_err());
+    }
+}

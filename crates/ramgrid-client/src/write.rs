@@ -1,0 +1,350 @@
+//! Writes: every key of a PUT or DELETE goes to every replica of its partition, acknowledgements are
+//! counted per key, and keys short of the configured level are reported by index with a reason.
+
+use ramgrid_proto::native::{
+    KeyBatchWriter, KeyStatus, Opcode, PutWriter, Response, Status, ValueType, MAX_KEY_LEN,
+};
+
+use crate::client::{encode_err, refusal, unexpected, Client, Handled, OpError};
+use crate::error::{Error, Result};
+use crate::keys::Keys;
+use crate::plan::{AckTally, Groups};
+use crate::values::ValuesRef;
+
+impl Client {
+    /// Writes `values` for `keys` into `table` at `version` (0 = current; a sealed version refuses).
+    /// Every key goes to every replica of its partition; a key counts as stored when the configured
+    /// acknowledgement level is met. Keys that were not are reported together in [`Error::Batch`]
+    /// (the others are stored); if no replica of some partitions could be reached at all, the error
+    /// is [`Error::PartitionsUnavailable`] naming them instead.
+    pub fn put(
+        &self,
+        table: &str,
+        keys: Keys<'_>,
+        values: ValuesRef<'_>,
+        version: u32,
+    ) -> Result<()> {
+        keys.validate()?;
+        let meta = self.table_meta(table)?;
+        values.check(meta.value_type, keys.len())?;
+        let cost = |i: usize| 2 + keys.key(i).len() + values.wire_len(i, meta.value_type);
+        self.write(table, keys, Some(values), version, cost)?
+            .into_result()
+            .map(|_| ())
+    }
+
+    /// Deletes `keys` from `table` at `version` on every replica. Returns how many were found and
+    /// deleted (on at least one replica). Failures are reported as for [`Client::put`].
+    pub fn delete(&self, table: &str, keys: Keys<'_>, version: u32) -> Result<usize> {
+        keys.validate()?;
+        self.write(table, keys, None, version, |i| 2 + keys.key(i).len())?
+            .into_result()
+    }
+
+    /// Runs a write chunk by chunk, each retried after a spec refresh when refused as stale.
+    fn write(
+        &self,
+        table: &str,
+        keys: Keys<'_>,
+        values: Option<ValuesRef<'_>>,
+        version: u32,
+        cost: impl Fn(usize) -> usize,
+    ) -> Result<WriteOutcome> {
+        let value_type = self.table_meta(table)?.value_type;
+        let mut outcome = WriteOutcome::default();
+        // A key too long for the wire fails alone, unsent; the rest of the batch goes ahead.
+        let all: Vec<u32> = (0..keys.len() as u32)
+            .filter(|&i| {
+                let len = keys.key(i as usize).len();
+                if len > MAX_KEY_LEN {
+                    outcome.failures.push((
+                        i as usize,
+                        format!("KEY_TOO_LARGE: {len} bytes, the limit is {MAX_KEY_LEN}"),
+                    ));
+                }
+                len <= MAX_KEY_LEN
+            })
+            .collect();
+        for chunk in self.chunks(&all, cost) {
+            let mut attempt = 0;
+            loop {
+                match self.write_chunk(table, keys, values, chunk, version, &mut outcome) {
+                    Ok(()) => break,
+                    Err(OpError::Stale(s, why)) => {
+                        if attempt >= self.inner.spec_retries {
+                            return Err(Error::StaleSpec(why));
+                        }
+                        attempt += 1;
+                        self.on_stale(&self.topology(), s, table)?;
+                        if self.table_meta(table)?.value_type != value_type {
+                            return Err(Error::Protocol {
+                                server: String::new(),
+                                message: format!("table {table} changed its value type"),
+                            });
+                        }
+                    }
+                    Err(OpError::Fatal(e)) => return Err(e),
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// One round of a PUT (values given) or DELETE to every replica of the keys `idx`; adds to
+    /// `outcome` only once the round is over (a stale refusal leaves it untouched for the retry).
+    fn write_chunk(
+        &self,
+        table: &str,
+        keys: Keys<'_>,
+        values: Option<ValuesRef<'_>>,
+        idx: &[u32],
+        version: u32,
+        outcome: &mut WriteOutcome,
+    ) -> std::result::Result<(), OpError> {
+        let topo = self.topology();
+        let meta = self.table_meta(table)?;
+        let map = topo.map(&meta);
+        let parts: Vec<u32> = idx
+            .iter()
+            .map(|&i| map.partition_of(&keys.key(i as usize)))
+            .collect();
+        let by_part = Groups::by_target(map.partitions() as usize, 0..idx.len() as u32, |j| {
+            Some(parts[j as usize] as usize)
+        });
+        let busy: Vec<u32> = by_part.busy().map(|p| p as u32).collect();
+        // Servers that failed recently are not waited for: their replicas' keys count as not acknowledged.
+        let live = |s: u32| !topo.pools[s as usize].is_down();
+        let per_server = Groups::by_targets(topo.pools.len(), busy.iter().copied(), |p| {
+            map.replicas(p)
+                .iter()
+                .filter(|&&s| live(s))
+                .map(|&s| s as usize)
+                .collect::<SmallVec>()
+        });
+        let mut tally = AckTally::new(idx.len());
+        let mut skipped = Vec::new();
+        for &p in &busy {
+            for &s in map.replicas(p).iter().filter(|&&s| !live(s)) {
+                let why = format!("{} is down (failed recently)", topo.pools[s as usize].addr);
+                for &j in by_part.row(p as usize) {
+                    tally.refuse(j, || why.clone());
+                }
+                skipped.push(why);
+            }
+        }
+        let mut deleted = vec![false; if values.is_none() { idx.len() } else { 0 }];
+        let vt = meta.value_type;
+        let dim = match vt {
+            ValueType::F32Vec(d) => d as usize,
+            _ => 0,
+        };
+        let mut scratch = Vec::new();
+        let op = if values.is_some() {
+            Opcode::Put
+        } else {
+            Opcode::Delete
+        };
+        let failed = self.exchange(
+            &topo,
+            (0..topo.pools.len()).filter(|&s| !per_server.row(s).is_empty()),
+            op,
+            |s, buf, id| {
+                let row = per_server.row(s);
+                match values {
+                    Some(vals) => {
+                        let mut w = PutWriter::begin(buf, id, table, version, topo.epoch, vt)
+                            .map_err(encode_err)?;
+                        for &p in row {
+                            let js = by_part.row(p as usize);
+                            let ks = js.iter().map(|&j| keys.key(idx[j as usize] as usize));
+                            if vt == ValueType::Bytes {
+                                let vs = js.iter().map(|&j| vals.bytes(idx[j as usize] as usize));
+                                w.group_bytes(p, ks, vs).map_err(encode_err)?;
+                            } else {
+                                scratch.clear();
+                                for &j in js {
+                                    vals.put_fixed(idx[j as usize] as usize, dim, &mut scratch);
+                                }
+                                w.group_packed(p, ks, &scratch).map_err(encode_err)?;
+                            }
+                        }
+                        w.finish().map_err(encode_err)
+                    }
+                    None => {
+                        let mut w = KeyBatchWriter::begin(
+                            buf,
+                            Opcode::Delete,
+                            id,
+                            table,
+                            version,
+                            topo.epoch,
+                        )
+                        .map_err(encode_err)?;
+                        for &p in row {
+                            let ks = by_part
+                                .row(p as usize)
+                                .iter()
+                                .map(|&j| keys.key(idx[j as usize] as usize));
+                            w.group(p, ks).map_err(encode_err)?;
+                        }
+                        w.finish().map_err(encode_err)
+                    }
+                }
+            },
+            |s, resp| {
+                let addr = &topo.pools[s].addr;
+                let row = per_server.row(s);
+                match resp {
+                    Response::KeyStatuses(st) => {
+                        let expected: usize =
+                            row.iter().map(|&p| by_part.row(p as usize).len()).sum();
+                        if st.len() != expected {
+                            return Ok(Handled::Failed(Error::Protocol {
+                                server: addr.clone(),
+                                message: format!("{} statuses for {expected} keys", st.len()),
+                            }));
+                        }
+                        let mut it = st.iter();
+                        for &p in row {
+                            for &j in by_part.row(p as usize) {
+                                match it.next().unwrap_or(KeyStatus::NotFound) {
+                                    KeyStatus::Ok => {
+                                        tally.ack(j);
+                                        if let Some(d) = deleted.get_mut(j as usize) {
+                                            *d = true;
+                                        }
+                                    }
+                                    KeyStatus::NotFound if values.is_none() => tally.ack(j),
+                                    other => {
+                                        tally.refuse(j, || format!("{} from {addr}", other.name()))
+                                    }
+                                }
+                            }
+                        }
+                        Ok(Handled::Ok)
+                    }
+                    Response::Error(e)
+                        if matches!(
+                            e.status,
+                            Status::OutOfMemory | Status::Internal | Status::TooLarge
+                        ) =>
+                    {
+                        // The whole frame was refused: every key in it failed at this replica.
+                        let why = format!("{} from {addr}: {}", e.status.name(), e.message);
+                        for &p in row {
+                            for &j in by_part.row(p as usize) {
+                                tally.refuse(j, || why.clone());
+                            }
+                        }
+                        Ok(Handled::Ok)
+                    }
+                    Response::Error(e) => Err(refusal(s, addr, table, version, e)),
+                    other => Ok(Handled::Failed(unexpected(addr, &other))),
+                }
+            },
+        )?;
+        // A partition none of whose replicas took part (down, or failed in this round) is unreachable.
+        let mut reached = vec![false; map.partitions() as usize];
+        for s in 0..topo.pools.len() {
+            if !failed.iter().any(|(f, _)| *f == s) {
+                for &p in per_server.row(s) {
+                    reached[p as usize] = true;
+                }
+            }
+        }
+        outcome.detail.extend(skipped);
+        for (s, e) in &failed {
+            outcome.detail.push(format!("{}: {e}", topo.pools[*s].addr));
+            for &p in per_server.row(*s) {
+                for &j in by_part.row(p as usize) {
+                    tally.refuse(j, || format!("{}: {e}", topo.pools[*s].addr));
+                }
+            }
+        }
+        let ack = self.inner.ack;
+        let failures = tally.failures(|j| ack.required(map.replicas(parts[j]).len()));
+        outcome
+            .failures
+            .extend(failures.into_iter().map(|(j, why)| (idx[j] as usize, why)));
+        outcome
+            .unreachable
+            .extend(busy.iter().copied().filter(|&p| !reached[p as usize]));
+        outcome.deleted += deleted.iter().filter(|&&d| d).count();
+        Ok(())
+    }
+}
+
+/// What a write did, summed over its chunks.
+#[derive(Debug, Default)]
+struct WriteOutcome {
+    /// Keys short of the acknowledgement level: (batch index, first reason).
+    failures: Vec<(usize, String)>,
+    /// Partitions with keys that no replica could be reached for.
+    unreachable: std::collections::BTreeSet<u32>,
+    /// Server failures seen.
+    detail: Vec<String>,
+    /// Keys some replica deleted (DELETE only).
+    deleted: usize,
+}
+
+impl WriteOutcome {
+    fn into_result(self) -> Result<usize> {
+        if !self.unreachable.is_empty() {
+            let mut detail = self.detail;
+            detail.sort_unstable();
+            detail.dedup();
+            return Err(Error::PartitionsUnavailable {
+                partitions: self.unreachable.into_iter().collect(),
+                detail: format!(
+                    "{} keys not written; {}",
+                    self.failures.len(),
+                    detail.join("; ")
+                ),
+            });
+        }
+        if !self.failures.is_empty() {
+            let mut failures = self.failures;
+            failures.sort_by_key(|f| f.0);
+            return Err(Error::Batch { failures });
+        }
+        Ok(self.deleted)
+    }
+}
+
+/// A few replica indices without a heap allocation for the common replication factors.
+type SmallVec = ArrayVec4;
+
+/// Up to 4 inline, then the heap.
+#[derive(Default)]
+struct ArrayVec4 {
+    inline: [usize; 4],
+    len: usize,
+    spill: Vec<usize>,
+}
+
+impl FromIterator<usize> for ArrayVec4 {
+    fn from_iter<I: IntoIterator<Item = usize>>(iter: I) -> Self {
+        let mut v = ArrayVec4::default();
+        for x in iter {
+            if v.len < 4 {
+                v.inline[v.len] = x;
+            } else {
+                v.spill.push(x);
+            }
+            v.len += 1;
+        }
+        v
+    }
+}
+
+impl IntoIterator for ArrayVec4 {
+    type Item = usize;
+    type IntoIter = std::iter::Chain<
+        std::iter::Take<std::array::IntoIter<usize, 4>>,
+        std::vec::IntoIter<usize>,
+    >;
+    fn into_iter(self) -> Self::IntoIter {
+        let n = self.len.min(4);
+        self.inline.into_iter().take(n).chain(self.spill)
+    }
+}

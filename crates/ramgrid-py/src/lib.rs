@@ -1,0 +1,828 @@
+//! The PyO3 module `ramgrid._native`: converts types, releases the GIL around every network call and
+//! maps errors to Python exceptions. Every policy lives in ramgrid-client or in the Python package;
+//! the contract is `python/ramgrid/_native.pyi`.
+
+use std::time::Duration;
+
+use numpy::{
+    IntoPyArray, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArray1, PyReadonlyArrayDyn,
+    PyUntypedArrayMethods,
+};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyKeyboardInterrupt, PyOSError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
+use ramgrid_client::{
+    parse_type, type_name, Ack, Client as RustClient, ClientConfig, Error, ErrorKind, Keys,
+    TableDescription, ValueType, Values, ValuesRef,
+};
+
+create_exception!(
+    ramgrid._native,
+    RamgridError,
+    PyException,
+    "Base class of every ramgrid error."
+);
+create_exception!(
+    ramgrid._native,
+    ConnectionFailed,
+    RamgridError,
+    "A server could not be reached, or the connection broke."
+);
+create_exception!(
+    ramgrid._native,
+    Timeout,
+    RamgridError,
+    "A request got no answer in time."
+);
+create_exception!(
+    ramgrid._native,
+    AuthError,
+    RamgridError,
+    "The server refused the auth token."
+);
+create_exception!(
+    ramgrid._native,
+    ProtocolError,
+    RamgridError,
+    "A peer sent bytes that break the protocol."
+);
+create_exception!(
+    ramgrid._native,
+    TableNotFound,
+    RamgridError,
+    "No table by that name."
+);
+create_exception!(
+    ramgrid._native,
+    TableExists,
+    RamgridError,
+    "A table by that name exists already."
+);
+create_exception!(
+    ramgrid._native,
+    VersionNotFound,
+    RamgridError,
+    "No such version of the table."
+);
+create_exception!(
+    ramgrid._native,
+    VersionSealed,
+    RamgridError,
+    "The version is sealed and can no longer be written."
+);
+create_exception!(
+    ramgrid._native,
+    OutOfMemory,
+    RamgridError,
+    "A server's table memory is full."
+);
+create_exception!(
+    ramgrid._native,
+    PartitionsUnavailable,
+    RamgridError,
+    "No replica of these partitions answered; `partitions` lists them."
+);
+create_exception!(
+    ramgrid._native,
+    BatchError,
+    RamgridError,
+    "Some keys of a batch were refused; the others were applied. `failures` lists (index, reason)."
+);
+
+/// Keys per network call in a long batch: between calls the GIL is taken back to check for Ctrl-C.
+const CHUNK_KEYS: usize = 1 << 18;
+
+fn to_py(py: Python<'_>, e: Error) -> PyErr {
+    let msg = e.to_string();
+    match e.kind() {
+        ErrorKind::InvalidArgument => PyValueError::new_err(msg),
+        ErrorKind::ConnectionFailed => ConnectionFailed::new_err(msg),
+        ErrorKind::Timeout => Timeout::new_err(msg),
+        ErrorKind::Auth => AuthError::new_err(msg),
+        ErrorKind::Protocol => ProtocolError::new_err(msg),
+        ErrorKind::TableNotFound => TableNotFound::new_err(msg),
+        ErrorKind::TableExists => TableExists::new_err(msg),
+        ErrorKind::VersionNotFound => VersionNotFound::new_err(msg),
+        ErrorKind::VersionSealed => VersionSealed::new_err(msg),
+        ErrorKind::OutOfMemory => OutOfMemory::new_err(msg),
+        ErrorKind::PartitionsUnavailable => {
+            let err = PartitionsUnavailable::new_err(msg);
+            if let Error::PartitionsUnavailable { partitions, .. } = &e {
+                let _ = err.value(py).setattr("partitions", partitions.clone());
+            }
+            err
+        }
+        ErrorKind::Batch => {
+            let err = BatchError::new_err(msg);
+            if let Error::Batch { failures } = &e {
+                let _ = err.value(py).setattr("failures", failures.clone());
+            }
+            err
+        }
+        _ => RamgridError::new_err(msg),
+    }
+}
+
+/// Keys as Python handed them, kept alive (and borrowed from) for the length of a call.
+enum KeyHolder<'py> {
+    Ints(PyReadonlyArray1<'py, i64>),
+    IntsOwned(Vec<i64>),
+    Packed(PyReadonlyArray1<'py, i64>, Bound<'py, PyBytes>),
+    List {
+        items: Vec<Bound<'py, PyAny>>,
+        ints: Vec<[u8; 8]>,
+    },
+}
+
+/// `arr` itself when it can be viewed as a Rust slice (C-contiguous and aligned), else a copy that
+/// can. Unpickled arrays (e.g. in Dask tasks) may sit at an unaligned address inside their buffer,
+/// and a Rust slice over them would be undefined behaviour.
+fn sliceable<'py, T: numpy::Element, D: numpy::ndarray::Dimension>(
+    arr: Bound<'py, numpy::PyArray<T, D>>,
+) -> PyResult<Bound<'py, numpy::PyArray<T, D>>> {
+    let aligned = arr.data().is_aligned();
+    if aligned && arr.is_c_contiguous() {
+        return Ok(arr);
+    }
+    // ndarray.copy() is C-ordered and allocated by numpy, hence aligned.
+    Ok(arr
+        .call_method0("copy")?
+        .downcast_into::<numpy::PyArray<T, D>>()?)
+}
+
+impl<'py> KeyHolder<'py> {
+    fn new(keys: &Bound<'py, PyAny>) -> PyResult<KeyHolder<'py>> {
+        if let Ok(arr) = keys.downcast::<PyArray1<i64>>() {
+            return Ok(KeyHolder::Ints(sliceable(arr.clone())?.readonly()));
+        }
+        if let Ok(t) = keys.downcast::<PyTuple>() {
+            if t.len() == 2 {
+                let offsets = t
+                    .get_item(0)?
+                    .downcast_into::<PyArray1<i64>>()
+                    .map_err(|_| {
+                        PyTypeError::new_err("packed keys: offsets must be a 1-D int64 numpy array")
+                    })?;
+                let offsets = sliceable(offsets)?.readonly();
+                let data = t
+                    .get_item(1)?
+                    .downcast_into::<PyBytes>()
+                    .map_err(|_| PyTypeError::new_err("packed keys: data must be bytes"))?;
+                return Ok(KeyHolder::Packed(offsets, data));
+            }
+        }
+        if let Ok(list) = keys.downcast::<PyList>() {
+            let n = list.len();
+            let mut items = Vec::with_capacity(n);
+            let mut ints = Vec::new();
+            let mut all_ints = n > 0;
+            for item in list.iter() {
+                if item.is_instance_of::<PyString>() || item.is_instance_of::<PyBytes>() {
+                    all_ints = false;
+                } else if item.is_instance_of::<PyInt>() {
+                    let v: i64 = item.extract()?;
+                    ints.push(v.to_le_bytes());
+                } else {
+                    return Err(PyTypeError::new_err(format!(
+                        "keys must be str, bytes or int, not {}",
+                        item.get_type().name()?
+                    )));
+                }
+                items.push(item);
+            }
+            if all_ints {
+                return Ok(KeyHolder::IntsOwned(
+                    ints.iter().map(|b| i64::from_le_bytes(*b)).collect(),
+                ));
+            }
+            return Ok(KeyHolder::List { items, ints });
+        }
+        Err(PyTypeError::new_err(format!(
+            "keys must be a list, a 1-D int64 numpy array or an (offsets, data) tuple, not {}",
+            keys.get_type().name()?
+        )))
+    }
+
+    /// Byte slices for a list (borrowing str UTF-8 and bytes buffers, no copies).
+    fn slices(&self) -> PyResult<Vec<&[u8]>> {
+        let KeyHolder::List { items, ints } = self else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::with_capacity(items.len());
+        let mut next_int = 0;
+        for item in items {
+            if let Ok(s) = item.downcast::<PyString>() {
+                out.push(s.to_str()?.as_bytes());
+            } else if let Ok(b) = item.downcast::<PyBytes>() {
+                out.push(b.as_bytes());
+            } else {
+                out.push(&ints[next_int][..]);
+                next_int += 1;
+            }
+        }
+        Ok(out)
+    }
+
+    fn keys<'a>(&'a self, slices: &'a [&'a [u8]]) -> Keys<'a> {
+        match self {
+            KeyHolder::Ints(a) => Keys::I64(a.as_slice().unwrap_or_default()),
+            KeyHolder::IntsOwned(v) => Keys::I64(v),
+            KeyHolder::Packed(o, d) => Keys::Packed {
+                offsets: o.as_slice().unwrap_or_default(),
+                data: d.as_bytes(),
+            },
+            KeyHolder::List { .. } => Keys::Slices(slices),
+        }
+    }
+}
+
+/// Runs `f` over the batch in chunks of [`CHUNK_KEYS`], without the GIL, checking for signals between chunks.
+fn chunked(
+    py: Python<'_>,
+    n: usize,
+    mut f: impl FnMut(std::ops::Range<usize>) -> Result<(), Error> + Send,
+) -> PyResult<()> {
+    let mut start = 0;
+    loop {
+        let end = (start + CHUNK_KEYS).min(n);
+        py.allow_threads(|| f(start..end))
+            .map_err(|e| to_py(py, e))?;
+        start = end;
+        if start >= n {
+            return Ok(());
+        }
+        py.check_signals()?;
+    }
+}
+
+fn description_dict<'py>(py: Python<'py>, d: &TableDescription) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    out.set_item("name", &d.name)?;
+    out.set_item("partitions", d.partitions)?;
+    out.set_item("replication", d.replication)?;
+    out.set_item("value_type", type_name(d.value_type))?;
+    out.set_item(
+        "dim",
+        if let ValueType::F32Vec(dim) = d.value_type {
+            dim
+        } else {
+            0
+        },
+    )?;
+    out.set_item("current_version", d.current_version)?;
+    let versions = PyList::empty(py);
+    for v in &d.versions {
+        let e = PyDict::new(py);
+        e.set_item("version", v.version)?;
+        e.set_item("sealed", v.sealed)?;
+        e.set_item("items", v.items)?;
+        e.set_item("bytes", v.bytes)?;
+        versions.append(e)?;
+    }
+    out.set_item("versions", versions)?;
+    Ok(out)
+}
+
+/// A cluster client (see `ramgrid_client::Client`). Thread-safe; pickled by the Python layer as its
+/// configuration, never as sockets.
+#[pyclass(module = "ramgrid._native", frozen)]
+struct Client {
+    inner: RustClient,
+}
+
+#[pymethods]
+impl Client {
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "mirrors the Python constructor's keyword arguments"
+    )]
+    #[new]
+    #[pyo3(signature = (servers, token=None, timeout_ms=5000, connect_timeout_ms=1000, ack="all", near_cache_bytes=0, pool_size=4))]
+    fn new(
+        py: Python<'_>,
+        servers: Vec<String>,
+        token: Option<String>,
+        timeout_ms: u64,
+        connect_timeout_ms: u64,
+        ack: &str,
+        near_cache_bytes: usize,
+        pool_size: usize,
+    ) -> PyResult<Client> {
+        let mut cfg = ClientConfig::new(servers);
+        cfg.token = token;
+        cfg.timeout = Duration::from_millis(timeout_ms.max(1));
+        cfg.connect_timeout = Duration::from_millis(connect_timeout_ms.max(1));
+        cfg.ack = ack.parse::<Ack>().map_err(|e| to_py(py, e))?;
+        cfg.near_cache_bytes = near_cache_bytes;
+        cfg.pool_size = pool_size;
+        cfg.client_name = format!(
+            "ramgrid-py/{} pid {}",
+            env!("CARGO_PKG_VERSION"),
+            std::process::id()
+        );
+        let inner = RustClient::new(cfg).map_err(|e| to_py(py, e))?;
+        Ok(Client { inner })
+    }
+
+    fn servers(&self) -> Vec<String> {
+        self.inner.servers()
+    }
+
+    fn epoch(&self) -> u64 {
+        self.inner.epoch()
+    }
+
+    fn refresh_spec(&self, py: Python<'_>) -> PyResult<()> {
+        py.allow_threads(|| self.inner.refresh_spec())
+            .map_err(|e| to_py(py, e))
+    }
+
+    fn push_spec(&self, py: Python<'_>) -> PyResult<()> {
+        py.allow_threads(|| self.inner.push_spec())
+            .map_err(|e| to_py(py, e))
+    }
+
+    #[pyo3(signature = (name, partitions=64, replication=1, value_type="bytes", dim=0))]
+    fn create_table(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        partitions: u32,
+        replication: u32,
+        value_type: &str,
+        dim: u32,
+    ) -> PyResult<()> {
+        let vt = parse_type(value_type, dim).map_err(|e| to_py(py, e))?;
+        py.allow_threads(|| self.inner.create_table(name, partitions, replication, vt))
+            .map_err(|e| to_py(py, e))
+    }
+
+    fn drop_table(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        py.allow_threads(|| self.inner.drop_table(name))
+            .map_err(|e| to_py(py, e))
+    }
+
+    fn list_tables<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let tables = py
+            .allow_threads(|| self.inner.list_tables())
+            .map_err(|e| to_py(py, e))?;
+        let out = PyList::empty(py);
+        for t in &tables {
+            out.append(description_dict(py, t)?)?;
+        }
+        Ok(out)
+    }
+
+    fn describe_table<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
+        let d = py
+            .allow_threads(|| self.inner.describe_table(name))
+            .map_err(|e| to_py(py, e))?;
+        description_dict(py, &d)
+    }
+
+    fn create_version(&self, py: Python<'_>, table: &str) -> PyResult<u32> {
+        py.allow_threads(|| self.inner.create_version(table))
+            .map_err(|e| to_py(py, e))
+    }
+
+    fn seal_version(&self, py: Python<'_>, table: &str, version: u32) -> PyResult<()> {
+        py.allow_threads(|| self.inner.seal_version(table, version))
+            .map_err(|e| to_py(py, e))
+    }
+
+    fn set_current(&self, py: Python<'_>, table: &str, version: u32) -> PyResult<()> {
+        py.allow_threads(|| self.inner.set_current(table, version))
+            .map_err(|e| to_py(py, e))
+    }
+
+    fn drop_version(&self, py: Python<'_>, table: &str, version: u32) -> PyResult<()> {
+        py.allow_threads(|| self.inner.drop_version(table, version))
+            .map_err(|e| to_py(py, e))
+    }
+
+    fn current_version(&self, py: Python<'_>, table: &str) -> PyResult<u32> {
+        py.allow_threads(|| self.inner.current_version(table))
+            .map_err(|e| to_py(py, e))
+    }
+
+    /// Returns (values, found); see the .pyi for the shapes.
+    #[pyo3(signature = (table, keys, version=0))]
+    fn get_many<'py>(
+        &self,
+        py: Python<'py>,
+        table: &str,
+        keys: &Bound<'py, PyAny>,
+        version: u32,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let holder = KeyHolder::new(keys)?;
+        let slices = holder.slices()?;
+        let keys = holder.keys(&slices);
+        let n = keys.len();
+        let meta = py
+            .allow_threads(|| self.inner.table_meta(table))
+            .map_err(|e| to_py(py, e))?;
+        let mut values = Values::zeroed(meta.value_type, n);
+        let mut found = vec![false; n];
+        let mut pinned = version;
+        {
+            let (values, found, client) = (&mut values, &mut found, &self.inner);
+            // Each chunk reads at the version the first one resolved, so the whole call sees one version.
+            chunked(py, n, |r| {
+                let v = client.get_into(
+                    table,
+                    keys.slice(r.clone()),
+                    pinned,
+                    &mut values.slice_mut(r.clone()),
+                    &mut found[r],
+                )?;
+                pinned = v;
+                Ok(())
+            })?;
+        }
+        let values = match values {
+            Values::I64(v) => v.into_pyarray(py).into_any(),
+            Values::F64(v) => v.into_pyarray(py).into_any(),
+            Values::F32Vec { dim, data } => data.into_pyarray(py).reshape([n, dim])?.into_any(),
+            Values::Bytes(b) => {
+                let list = PyList::empty(py);
+                for (i, &hit) in found.iter().enumerate() {
+                    if hit {
+                        list.append(PyBytes::new(py, b.get(i)))?;
+                    } else {
+                        list.append(py.None())?;
+                    }
+                }
+                list.into_any()
+            }
+        };
+        Ok((values, found.into_pyarray(py).into_any()))
+    }
+
+    /// Writes values; raises BatchError listing the keys that were not stored.
+    #[pyo3(signature = (table, keys, values, version=0))]
+    fn put_many<'py>(
+        &self,
+        py: Python<'py>,
+        table: &str,
+        keys: &Bound<'py, PyAny>,
+        values: &Bound<'py, PyAny>,
+        version: u32,
+    ) -> PyResult<()> {
+        let holder = KeyHolder::new(keys)?;
+        let slices = holder.slices()?;
+        let keys = holder.keys(&slices);
+        let n = keys.len();
+        let meta = py
+            .allow_threads(|| self.inner.table_meta(table))
+            .map_err(|e| to_py(py, e))?;
+        let vholder = ValueHolder::new(py, values, meta.value_type, n)?;
+        let vslices = vholder.slices()?;
+        let vals = vholder.values(&vslices);
+        let dim = match meta.value_type {
+            ValueType::F32Vec(d) => d as usize,
+            _ => 1,
+        };
+        let client = &self.inner;
+        let mut partial = Partial::default();
+        chunked(py, n, |r| {
+            let done = client.put(
+                table,
+                keys.slice(r.clone()),
+                vals.slice(r.clone(), dim),
+                version,
+            );
+            partial.absorb(r.start, done).map(|_| ())
+        })?;
+        partial.into_result(py).map(|_| ())
+    }
+
+    /// Deletes keys on every replica; returns how many were found.
+    #[pyo3(signature = (table, keys, version=0))]
+    fn delete_many<'py>(
+        &self,
+        py: Python<'py>,
+        table: &str,
+        keys: &Bound<'py, PyAny>,
+        version: u32,
+    ) -> PyResult<usize> {
+        let holder = KeyHolder::new(keys)?;
+        let slices = holder.slices()?;
+        let keys = holder.keys(&slices);
+        let client = &self.inner;
+        let mut partial = Partial::default();
+        chunked(py, keys.len(), |r| {
+            let d = partial.absorb(r.start, client.delete(table, keys.slice(r), version))?;
+            partial.done += d.unwrap_or(0);
+            Ok(())
+        })?;
+        partial.into_result(py)
+    }
+
+    /// One dict per server: {"server": addr, <stat>: value...}, or {"server": addr, "error": message}.
+    fn server_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let stats = py.allow_threads(|| self.inner.server_stats());
+        let out = PyList::empty(py);
+        for (addr, r) in stats {
+            let d = PyDict::new(py);
+            d.set_item("server", addr)?;
+            match r {
+                Ok(pairs) => {
+                    for (k, v) in pairs {
+                        if let Ok(i) = v.parse::<i64>() {
+                            d.set_item(k, i)?;
+                        } else if let Ok(f) = v.parse::<f64>() {
+                            d.set_item(k, f)?;
+                        } else {
+                            d.set_item(k, v)?;
+                        }
+                    }
+                }
+                Err(e) => d.set_item("error", e.to_string())?,
+            }
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+
+    fn close(&self) {
+        self.inner.close();
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<ramgrid._native.Client servers={:?} epoch={:#x}>",
+            self.inner.servers(),
+            self.inner.epoch()
+        )
+    }
+}
+
+/// Per-key and per-partition failures of a chunked write, merged over its chunks so that a chunk's
+/// failure does not stop the others (as for one unchunked call).
+#[derive(Default)]
+struct Partial {
+    failures: Vec<(usize, String)>,
+    partitions: std::collections::BTreeSet<u32>,
+    detail: String,
+    done: usize,
+}
+
+impl Partial {
+    /// Records a chunk's failure (indices shifted by the chunk's start); other errors pass through.
+    fn absorb<T>(&mut self, start: usize, r: Result<T, Error>) -> Result<Option<T>, Error> {
+        match r {
+            Ok(v) => Ok(Some(v)),
+            Err(Error::Batch { failures }) => {
+                self.failures
+                    .extend(failures.into_iter().map(|(i, why)| (i + start, why)));
+                Ok(None)
+            }
+            Err(Error::PartitionsUnavailable { partitions, detail }) => {
+                self.partitions.extend(partitions);
+                self.detail = detail;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn into_result(self, py: Python<'_>) -> PyResult<usize> {
+        if !self.partitions.is_empty() {
+            let e = Error::PartitionsUnavailable {
+                partitions: self.partitions.into_iter().collect(),
+                detail: self.detail,
+            };
+            return Err(to_py(py, e));
+        }
+        if !self.failures.is_empty() {
+            return Err(to_py(
+                py,
+                Error::Batch {
+                    failures: self.failures,
+                },
+            ));
+        }
+        Ok(self.done)
+    }
+}
+
+/// Put values as Python handed them, converted to the table's type.
+enum ValueHolder<'py> {
+    I64(PyReadonlyArray1<'py, i64>),
+    F64(PyReadonlyArray1<'py, f64>),
+    F32(PyReadonlyArrayDyn<'py, f32>),
+    List(Vec<Bound<'py, PyAny>>),
+}
+
+impl<'py> ValueHolder<'py> {
+    fn new(
+        py: Python<'py>,
+        values: &Bound<'py, PyAny>,
+        vt: ValueType,
+        n: usize,
+    ) -> PyResult<ValueHolder<'py>> {
+        if vt == ValueType::Bytes {
+            let list = values.downcast::<PyList>().map_err(|_| {
+                PyTypeError::new_err("values of a bytes table must be a list of bytes or str")
+            })?;
+            let items: Vec<_> = list.iter().collect();
+            for it in &items {
+                if !it.is_instance_of::<PyBytes>() && !it.is_instance_of::<PyString>() {
+                    return Err(PyTypeError::new_err(format!(
+                        "bytes table values must be bytes or str, not {}",
+                        it.get_type().name()?
+                    )));
+                }
+            }
+            return Ok(ValueHolder::List(items));
+        }
+        let np = py.import("numpy")?;
+        let dtype = match vt {
+            ValueType::I64 => "int64",
+            ValueType::F64 => "float64",
+            _ => "float32",
+        };
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("casting", "same_kind")?;
+        kwargs.set_item("copy", false)?;
+        // same_kind casting refuses float -> int (silent truncation) but allows int -> float. Layout
+        // and alignment are fixed by `sliceable` below, copying only when needed.
+        let arr = np.call_method1("asarray", (values,))?.call_method(
+            "astype",
+            (dtype,),
+            Some(&kwargs),
+        )?;
+        let shape_err = |what: String| PyValueError::new_err(what);
+        match vt {
+            ValueType::I64 | ValueType::F64 => {
+                let nd: usize = arr.getattr("ndim")?.extract()?;
+                if nd != 1 {
+                    return Err(shape_err(format!(
+                        "values must be 1-D for a {} table, got {nd}-D",
+                        type_name(vt)
+                    )));
+                }
+                if vt == ValueType::I64 {
+                    Ok(ValueHolder::I64(
+                        sliceable(arr.downcast_into::<PyArray1<i64>>()?)?.readonly(),
+                    ))
+                } else {
+                    Ok(ValueHolder::F64(
+                        sliceable(arr.downcast_into::<PyArray1<f64>>()?)?.readonly(),
+                    ))
+                }
+            }
+            ValueType::F32Vec(dim) => {
+                let a = sliceable(arr.downcast_into::<PyArrayDyn<f32>>()?)?;
+                let shape = a.shape().to_vec();
+                let ok = match shape.as_slice() {
+                    [rows, d] => *rows == n && *d == dim as usize,
+                    [len] => *len == n * dim as usize,
+                    _ => false,
+                };
+                if !ok {
+                    return Err(shape_err(format!(
+                        "values must have shape ({n}, {dim}) for this f32vec table, got {shape:?}"
+                    )));
+                }
+                Ok(ValueHolder::F32(a.readonly()))
+            }
+            ValueType::Bytes => unreachable!("handled above"),
+        }
+    }
+
+    fn slices(&self) -> PyResult<Vec<&[u8]>> {
+        let ValueHolder::List(items) = self else {
+            return Ok(Vec::new());
+        };
+        items
+            .iter()
+            .map(|it| match it.downcast::<PyString>() {
+                Ok(s) => s.to_str().map(str::as_bytes),
+                Err(_) => Ok(it.downcast::<PyBytes>()?.as_bytes()),
+            })
+            .collect()
+    }
+
+    fn values<'a>(&'a self, slices: &'a [&'a [u8]]) -> ValuesRef<'a> {
+        match self {
+            ValueHolder::I64(a) => ValuesRef::I64(a.as_slice().unwrap_or_default()),
+            ValueHolder::F64(a) => ValuesRef::F64(a.as_slice().unwrap_or_default()),
+            ValueHolder::F32(a) => ValuesRef::F32(a.as_slice().unwrap_or_default()),
+            ValueHolder::List(_) => ValuesRef::Slices(slices),
+        }
+    }
+}
+
+/// Runs a ramgrid server in this process with ramgrid-server's flags; prints the listening line and
+/// blocks (without the GIL) until SIGTERM or SIGINT.
+#[pyfunction]
+fn run_server(py: Python<'_>, args: Vec<String>) -> PyResult<()> {
+    use clap::Parser;
+    use std::io::Write;
+
+    let config = match ramgrid_server::Config::try_parse_from(
+        std::iter::once("ramgrid-server".to_string()).chain(args),
+    ) {
+        Ok(c) => c,
+        Err(e)
+            if matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+            ) =>
+        {
+            print!("{e}");
+            return Ok(());
+        }
+        Err(e) => return Err(PyValueError::new_err(e.to_string())),
+    };
+    config.validate().map_err(PyValueError::new_err)?;
+    let handle = py
+        .allow_threads(|| ramgrid_server::start(&config))
+        .map_err(|e| PyOSError::new_err(format!("{e:#}")))?;
+    {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "ramgrid-server listening on {}", handle.local_addr());
+        let _ = out.flush();
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| PyOSError::new_err(e.to_string()))?;
+    let (mut term, mut int) = rt
+        .block_on(async {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok::<_, std::io::Error>((
+                signal(SignalKind::terminate())?,
+                signal(SignalKind::interrupt())?,
+            ))
+        })
+        .map_err(|e| PyOSError::new_err(e.to_string()))?;
+    // SIGINT reaches both tokio's handler and Python's (which only sets a flag); a KeyboardInterrupt
+    // pending from it is the stop we asked for, not an error.
+    let is_stop = |e: &PyErr| e.is_instance_of::<PyKeyboardInterrupt>(py);
+    let outcome = loop {
+        let stop = py.allow_threads(|| {
+            rt.block_on(async {
+                tokio::select! {
+                    _ = term.recv() => true,
+                    _ = int.recv() => true,
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => false,
+                }
+            })
+        });
+        match py.check_signals() {
+            Err(e) if is_stop(&e) => break Ok(()),
+            // A Python signal handler that raised ends the server too, with its exception.
+            Err(e) => break Err(e),
+            Ok(()) if stop => break Ok(()),
+            Ok(()) => {}
+        }
+    };
+    py.allow_threads(|| handle.shutdown());
+    outcome
+}
+
+/// The partition of `key` in a table of `partitions` partitions (ints are keyed by their 8-byte LE encoding).
+#[pyfunction]
+fn partition_of(key: &Bound<'_, PyAny>, partitions: u32) -> PyResult<u32> {
+    if let Ok(s) = key.downcast::<PyString>() {
+        return Ok(ramgrid_client::partition_of(
+            s.to_str()?.as_bytes(),
+            partitions,
+        ));
+    }
+    if let Ok(b) = key.downcast::<PyBytes>() {
+        return Ok(ramgrid_client::partition_of(b.as_bytes(), partitions));
+    }
+    if key.is_instance_of::<PyInt>() {
+        let v: i64 = key.extract()?;
+        return Ok(ramgrid_client::partition_of(&v.to_le_bytes(), partitions));
+    }
+    Err(PyTypeError::new_err("key must be str, bytes or int"))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<Client>()?;
+    m.add_function(wrap_pyfunction!(run_server, m)?)?;
+    m.add_function(wrap_pyfunction!(partition_of, m)?)?;
+    m.add("RamgridError", py.get_type::<RamgridError>())?;
+    m.add("ConnectionFailed", py.get_type::<ConnectionFailed>())?;
+    m.add("Timeout", py.get_type::<Timeout>())?;
+    m.add("AuthError", py.get_type::<AuthError>())?;
+    m.add("ProtocolError", py.get_type::<ProtocolError>())?;
+    m.add("TableNotFound", py.get_type::<TableNotFound>())?;
+    m.add("TableExists", py.get_type::<TableExists>())?;
+    m.add("VersionNotFound", py.get_type::<VersionNotFound>())?;
+    m.add("VersionSealed", py.get_type::<VersionSealed>())?;
+    m.add("OutOfMemory", py.get_type::<OutOfMemory>())?;
+    m.add(
+        "PartitionsUnavailable",
+        py.get_type::<PartitionsUnavailable>(),
+    )?;
+    m.add("BatchError", py.get_type::<BatchError>())?;
+    Ok(())
+}

@@ -1,0 +1,195 @@
+"""Turns user key and value containers into the forms the native module takes, without a Python loop per key.
+
+The native module accepts keys as a list of str/bytes/int, a 1-D int64 array, or a packed `(offsets, data)` pair
+(see `_native.pyi`). Lists pass through untouched: the binding reads them in Rust, which is faster than packing
+them here. Arrays are where a per-key Python loop would cost most, so numpy and pyarrow arrays are converted with
+vectorised operations or by reading their buffers directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Union
+
+import numpy as np
+
+Packed = tuple[np.ndarray, bytes]
+NativeKeys = Union[list[Any], np.ndarray, Packed]
+
+__all__ = ["NativeKeys", "convert_keys", "convert_values", "key_count"]
+
+
+def _pyarrow() -> Any:
+    """Returns the pyarrow module if it is already imported, so plain numpy users never pay for importing it."""
+    import sys
+
+    return sys.modules.get("pyarrow")
+
+
+def _is_arrow(obj: Any) -> bool:
+    pa = _pyarrow()
+    return pa is not None and isinstance(obj, (pa.Array, pa.ChunkedArray))
+
+
+def convert_keys(keys: Any) -> NativeKeys:
+    """Returns `keys` in a form `_native.Client` accepts.
+
+    - list / tuple of str, bytes or int: passed through (a tuple becomes a list).
+    - numpy integer array: int64 (other integer dtypes are converted; a negative value in an unsigned array
+      cannot occur, and uint64 values above 2**63-1 are refused rather than wrapped).
+    - numpy 'S' (bytes) or 'U' (str) array: packed `(offsets, data)`, trailing NUL padding removed.
+    - numpy object array or numpy 2's StringDType: converted to a list.
+    - pyarrow string / large_string / binary / large_binary arrays: packed from their offset and data buffers;
+      pyarrow integer arrays: int64 numpy (zero-copy for int64 without nulls). Null keys are refused.
+    """
+    if isinstance(keys, list):
+        return keys
+    if isinstance(keys, tuple):
+        return list(keys)
+    if isinstance(keys, np.ndarray):
+        return _convert_numpy_keys(keys)
+    if _is_arrow(keys):
+        return _convert_arrow_keys(keys)
+    if isinstance(keys, (str, bytes, int)):
+        raise TypeError(f"keys must be a sequence of keys, not a single {type(keys).__name__}: wrap it in a list")
+    if isinstance(keys, Sequence) or hasattr(keys, "__iter__"):
+        return list(keys)
+    raise TypeError(f"unsupported key container {type(keys).__name__}: use a list, a numpy array or a pyarrow array")
+
+
+def _native_ready(arr: np.ndarray, dtype: Any = None) -> np.ndarray:
+    """The array as the native module reads it: C-contiguous and aligned, copied only if it is not already.
+
+    Arrays that arrive by pickle (Dask, multiprocessing) can sit at an unaligned address inside a message buffer;
+    the binding reads them as a typed slice, which must be aligned.
+    """
+    return np.require(arr, dtype=dtype, requirements=("C", "A"))
+
+
+def key_count(keys: NativeKeys) -> int:
+    """The number of keys in a converted key container."""
+    if isinstance(keys, tuple):
+        return len(keys[0]) - 1
+    return len(keys)
+
+
+def _convert_numpy_keys(arr: np.ndarray) -> NativeKeys:
+    if arr.ndim != 1:
+        raise ValueError(f"key arrays must be one-dimensional, got shape {arr.shape}")
+    kind = arr.dtype.kind
+    if kind == "i":
+        return _native_ready(arr, np.int64)
+    if kind == "u":
+        if arr.dtype.itemsize == 8 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+            raise ValueError("uint64 keys above 2**63-1 cannot be represented as int64 keys")
+        return _native_ready(arr, np.int64)
+    if kind == "b":
+        raise TypeError("boolean arrays are not keys")
+    if kind == "S":
+        return _pack_fixed_bytes(arr)
+    if kind == "U":
+        return _pack_fixed_unicode(arr)
+    if kind == "O" or kind == "T":
+        return list(arr.tolist())
+    raise TypeError(f"unsupported key dtype {arr.dtype}: keys are int64, str or bytes")
+
+
+def _pack_fixed_bytes(arr: np.ndarray) -> Packed:
+    """Packs an 'S' array: each row of the (n, itemsize) byte matrix keeps its first str_len bytes.
+
+    numpy stores 'S' values NUL-padded and already drops trailing NULs when reading them back, so str_len (the
+    length up to the last non-NUL byte) is exactly the value a Python loop would see.
+    """
+    n = arr.shape[0]
+    width = arr.dtype.itemsize
+    lengths = np.char.str_len(arr).astype(np.int64) if n else np.zeros(0, dtype=np.int64)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if width == 0 or n == 0:
+        return offsets, b""
+    matrix = np.ascontiguousarray(arr).view(np.uint8).reshape(n, width)
+    mask = np.arange(width) < lengths[:, None]
+    return offsets, matrix[mask].tobytes()
+
+
+def _pack_fixed_unicode(arr: np.ndarray) -> Packed:
+    """Packs a 'U' array as UTF-8. ASCII-only arrays (the common case for ids) are narrowed from UCS-4 code points
+    to bytes directly; anything else goes through numpy's vectorised encoder."""
+    n = arr.shape[0]
+    width = arr.dtype.itemsize // 4
+    if n == 0 or width == 0:
+        return np.zeros(n + 1, dtype=np.int64), b""
+    codes = np.ascontiguousarray(arr).view(np.uint32).reshape(n, width)
+    if int(codes.max()) < 128:
+        lengths = np.char.str_len(arr).astype(np.int64)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        mask = np.arange(width) < lengths[:, None]
+        return offsets, codes[mask].astype(np.uint8).tobytes()
+    return _pack_fixed_bytes(np.char.encode(arr, "utf-8"))
+
+
+def _convert_arrow_keys(arr: Any) -> NativeKeys:
+    pa = _pyarrow()
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    if arr.null_count:
+        raise ValueError(f"key array has {arr.null_count} null(s); null is not a key")
+    t = arr.type
+    if pa.types.is_integer(t):
+        if not pa.types.is_int64(t):
+            arr = arr.cast(pa.int64())
+        return _native_ready(arr.to_numpy(zero_copy_only=False), np.int64)
+    if pa.types.is_string(t) or pa.types.is_binary(t):
+        return _pack_arrow_buffers(arr, np.int32)
+    if pa.types.is_large_string(t) or pa.types.is_large_binary(t):
+        return _pack_arrow_buffers(arr, np.int64)
+    if hasattr(pa.types, "is_string_view") and (pa.types.is_string_view(t) or pa.types.is_binary_view(t)):
+        return _pack_arrow_buffers(arr.cast(pa.large_binary()), np.int64)
+    if pa.types.is_dictionary(t):
+        return _convert_arrow_keys(arr.dictionary_decode())
+    raise TypeError(f"unsupported pyarrow key type {t}: use int64, string or binary")
+
+
+def _pack_arrow_buffers(arr: Any, offset_dtype: type) -> Packed:
+    """Reads an arrow variable-width array's offsets and data buffers; a sliced array is rebased to start at 0."""
+    n = len(arr)
+    buffers = arr.buffers()
+    offsets_buf, data_buf = buffers[1], buffers[2]
+    if offsets_buf is None or n == 0:
+        return np.zeros(n + 1, dtype=np.int64), b""
+    raw: np.ndarray = np.frombuffer(offsets_buf, dtype=offset_dtype)[arr.offset : arr.offset + n + 1]
+    start, end = int(raw[0]), int(raw[-1])
+    offsets = raw.astype(np.int64)
+    if start:
+        offsets -= start
+    data = b"" if data_buf is None or end == start else data_buf.slice(start, end - start).to_pybytes()
+    return offsets, data
+
+
+def convert_values(values: Any) -> Any:
+    """Returns put values in a form `_native.Client.put_many` accepts: a numpy array for numeric and vector tables,
+    a list of bytes/str for bytes tables. The table's type decides in the native layer; here the container does."""
+    if isinstance(values, np.ndarray):
+        if values.dtype.kind in "SUOT":
+            return values.tolist()
+        return _native_ready(values)
+    if _is_arrow(values):
+        pa = _pyarrow()
+        t = values.type
+        if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            return values.to_pylist()
+        if values.null_count:
+            raise ValueError(f"value array has {values.null_count} null(s); store a sentinel instead")
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        if pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+            return _native_ready(np.stack(values.to_numpy(zero_copy_only=False)))
+        return _native_ready(values.to_numpy(zero_copy_only=False))
+    if isinstance(values, (list, tuple)):
+        if len(values) and isinstance(values[0], (bytes, bytearray, memoryview, str)):
+            return list(values)
+        return _native_ready(np.asarray(values))
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"values must be a sequence of values, not a single {type(values).__name__}")
+    return _native_ready(np.asarray(values))

@@ -1,0 +1,411 @@
+"""The `ramgrid` command: run servers, manage a local cluster, administer tables, read and write keys.
+
+The cluster address comes from `--spec`, else $RAMGRID_SPEC, else a TOML file (`--config`, $RAMGRID_CONFIG,
+./ramgrid.toml, ~/.config/ramgrid/config.toml), else the cluster started by `ramgrid cluster up`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ramgrid.config import ENV_SPEC, default_state_dir, resolve_settings
+from ramgrid.exceptions import RamgridError
+
+STATE_FILE = "cluster.json"
+SPEC_FILE = "cluster.spec"
+
+
+class CliError(Exception):
+    """A user-facing error: printed without a traceback, exit status 2."""
+
+
+def _common(parser: argparse.ArgumentParser, top: bool) -> None:
+    # The same options are accepted before and after the subcommand; SUPPRESS keeps a subcommand's unset option
+    # from overwriting one given before it.
+    d = None if top else argparse.SUPPRESS
+    g = parser.add_argument_group("cluster address")
+    g.add_argument("--spec", default=d, help="servers: host:port[,host:port...] or a spec file (env RAMGRID_SPEC)")
+    g.add_argument("--token", default=d, help="auth token (env RAMGRID_TOKEN)")
+    g.add_argument(
+        "--config", default=d, help="TOML settings file (default ./ramgrid.toml, ~/.config/ramgrid/config.toml)"
+    )
+    g.add_argument("--timeout", type=float, default=d, help="seconds per request (default 5)")
+    g.add_argument("--state-dir", default=d, help="where `cluster up` keeps its state (env RAMGRID_STATE_DIR)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ramgrid", description=__doc__.split("\n\n")[0])
+    _common(p, top=True)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def add(name: str, help: str, **kw: Any) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help, **kw)
+        _common(sp, top=False)
+        return sp
+
+    sub.add_parser("serve", help="run a server in the foreground (ramgrid-server's flags; `ramgrid serve --help`)")
+
+    cl = add("cluster", "a local cluster of server processes, detached from this shell")
+    clsub = cl.add_subparsers(dest="action", metavar="ACTION")
+    clsub.required = True
+    up = clsub.add_parser("up", help="start N servers on loopback and write the state file")
+    _common(up, top=False)
+    up.add_argument("-n", "--servers", type=int, default=3, help="number of servers (default 3)")
+    up.add_argument("--memory", default="256MiB", help="table memory per server (default 256MiB)")
+    up.add_argument("--threads", type=int, default=1, help="worker threads per server (default 1)")
+    for name, help in (("down", "stop the cluster's servers"), ("status", "show the cluster's servers")):
+        sp = clsub.add_parser(name, help=help)
+        _common(sp, top=False)
+
+    tb = add("table", "create, drop, list or describe tables")
+    tbsub = tb.add_subparsers(dest="action", metavar="ACTION")
+    tbsub.required = True
+    cr = tbsub.add_parser("create", help="create a table")
+    _common(cr, top=False)
+    cr.add_argument("name")
+    cr.add_argument("--partitions", type=int, default=64)
+    cr.add_argument("--replication", type=int, default=1)
+    cr.add_argument("--type", dest="value_type", default="bytes", help="bytes | i64 | f64 | f32vec:DIM (default bytes)")
+    for name, help in (
+        ("drop", "drop a table and all its versions"),
+        ("describe", "show a table's settings and versions"),
+    ):
+        sp = tbsub.add_parser(name, help=help)
+        _common(sp, top=False)
+        sp.add_argument("name")
+    ls = tbsub.add_parser("list", help="list tables")
+    _common(ls, top=False)
+
+    g = add("get", "print the values of keys (tab-separated key, value; exit 1 if any is missing)")
+    g.add_argument("table")
+    g.add_argument("keys", nargs="+", metavar="KEY")
+    g.add_argument("--int-keys", action="store_true", help="keys are integers (int64 keys), not strings")
+    g.add_argument("--version", type=int, default=0, help="read this version instead of the current one")
+
+    pu = add("put", "store one key in a table's current version")
+    pu.add_argument("table")
+    pu.add_argument("key")
+    pu.add_argument("value", help="a number for i64/f64 tables, comma-separated floats for f32vec, text for bytes")
+    pu.add_argument("--int-keys", action="store_true", help="the key is an integer (int64 key), not a string")
+
+    add("stats", "print every server's counters as JSON")
+
+    sub.add_parser("bench", help="run benchmarks/native_batch.py --quick (extra arguments are passed on)")
+    return p
+
+
+# cluster address
+
+
+def _state_dir(args: argparse.Namespace, file_state_dir: str | None = None) -> Path:
+    if getattr(args, "state_dir", None):
+        return Path(args.state_dir)
+    if file_state_dir:
+        return Path(file_state_dir)
+    return default_state_dir()
+
+
+def _grid(args: argparse.Namespace) -> Any:
+    import ramgrid
+
+    try:
+        s = resolve_settings(spec=args.spec, token=args.token, timeout=args.timeout, config=args.config)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    spec = s.spec
+    if spec is None:
+        state_path = _state_dir(args, s.state_dir) / STATE_FILE
+        if state_path.is_file():
+            spec = _read_state(state_path)["addresses"]
+        else:
+            raise CliError(
+                "no cluster given: pass --spec HOST:PORT[,...], set RAMGRID_SPEC, write ramgrid.toml, "
+                "or start one with `ramgrid cluster up`"
+            )
+    try:
+        return ramgrid.connect(spec, token=s.token, timeout=s.timeout, ack=s.ack, near_cache_bytes=s.near_cache_bytes)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
+# cluster up / down / status
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError) as e:
+        raise CliError(f"cannot read cluster state {path}: {e}") from None
+
+
+def _pid_is_server(pid: int) -> bool:
+    """True if `pid` is alive (not a zombie) and is a ramgrid server; pids get reused, so never signal blindly."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return state != "Z" and b"ramgrid._serve" in cmdline
+
+
+def _reachable(addr: str, timeout: float = 0.5) -> bool:
+    host, port = addr.rsplit(":", 1)
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def cmd_cluster_up(args: argparse.Namespace) -> int:
+    import ramgrid
+    from ramgrid.local import start_servers
+
+    state_dir = _state_dir(args)
+    state_path = state_dir / STATE_FILE
+    if state_path.is_file():
+        old = _read_state(state_path)
+        if any(_pid_is_server(p) for p in old.get("pids", [])):
+            raise CliError(f"a cluster is already up ({state_path}); run `ramgrid cluster down` first")
+    state_dir.mkdir(parents=True, exist_ok=True)
+    token = args.token if args.token is not None else os.environ.get("RAMGRID_TOKEN")
+    servers = start_servers(
+        args.servers, memory=args.memory, threads=args.threads, token=token, log_dir=state_dir, parent_watch=False
+    )
+    addresses = [str(sp.address) for sp in servers]
+    (state_dir / SPEC_FILE).write_text("".join(a + "\n" for a in addresses))
+    state = {
+        "pids": [sp.pid for sp in servers],
+        "addresses": addresses,
+        "spec_file": str(state_dir / SPEC_FILE),
+        "started": time.time(),
+        "token_required": token is not None,
+    }
+    tmp = state_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(state_path)
+    grid = ramgrid.connect(addresses, token=token)
+    grid._client().push_spec()
+    grid.close()
+    for sp in servers:
+        # The servers outlive this command on purpose; mark them reaped so Popen does not warn about them.
+        sp.proc.returncode = 0
+    print(f"started {len(addresses)} servers: {','.join(addresses)}")
+    print(f"state: {state_path}")
+    print(f"export {ENV_SPEC}={','.join(addresses)}")
+    return 0
+
+
+def cmd_cluster_down(args: argparse.Namespace) -> int:
+    state_path = _state_dir(args) / STATE_FILE
+    if not state_path.is_file():
+        print(f"no cluster state at {state_path}; nothing to stop")
+        return 0
+    state = _read_state(state_path)
+    pids = [int(p) for p in state.get("pids", [])]
+    live = [p for p in pids if _pid_is_server(p)]
+    for p in live:
+        try:
+            os.kill(p, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(_pid_is_server(p) for p in live):
+        time.sleep(0.05)
+    killed = [p for p in live if _pid_is_server(p)]
+    for p in killed:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    state_path.unlink()
+    spec_file = Path(state.get("spec_file", ""))
+    if spec_file.name == SPEC_FILE and spec_file.is_file():
+        spec_file.unlink()
+    print(f"stopped {len(live)} server(s)" + (f" ({len(killed)} with SIGKILL)" if killed else ""))
+    return 0
+
+
+def cmd_cluster_status(args: argparse.Namespace) -> int:
+    state_path = _state_dir(args) / STATE_FILE
+    if not state_path.is_file():
+        print(f"no cluster state at {state_path}")
+        return 1
+    state = _read_state(state_path)
+    ok = True
+    for pid, addr in zip(state.get("pids", []), state.get("addresses", [])):
+        alive = _pid_is_server(int(pid))
+        reach = alive and _reachable(addr)
+        ok = ok and reach
+        print(f"{addr}\tpid {pid}\t{'up' if reach else 'running, not answering' if alive else 'down'}")
+    return 0 if ok else 1
+
+
+# tables and keys
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    grid = _grid(args)
+    if args.action == "create":
+        vt: Any = args.value_type
+        if vt.startswith("f32vec"):
+            try:
+                vt = ("f32vec", int(vt.split(":", 1)[1]))
+            except (IndexError, ValueError):
+                raise CliError("vector tables are --type f32vec:DIM, e.g. f32vec:64") from None
+        try:
+            grid.create_table(args.name, partitions=args.partitions, replication=args.replication, value_type=vt)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        print(f"created table {args.name}")
+    elif args.action == "drop":
+        grid.drop_table(args.name)
+        print(f"dropped table {args.name}")
+    elif args.action == "list":
+        for t in sorted(grid.list_tables(), key=lambda t: str(t.get("name"))):
+            dim = f":{t['dim']}" if t.get("value_type") == "f32vec" else ""
+            print(
+                f"{t.get('name')}\t{t.get('value_type')}{dim}\tpartitions={t.get('partitions')}"
+                f"\treplication={t.get('replication')}\tcurrent_version={t.get('current_version')}"
+            )
+    elif args.action == "describe":
+        print(json.dumps(grid.table(args.name).describe(), indent=2, default=str))
+    return 0
+
+
+def _keys(raw: Sequence[str], as_int: bool) -> list[Any]:
+    if not as_int:
+        return list(raw)
+    try:
+        return [int(k) for k in raw]
+    except ValueError as e:
+        raise CliError(f"--int-keys: {e}") from None
+
+
+def _format(v: Any) -> str:
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "backslashreplace")
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    if isinstance(v, list):
+        return ",".join(repr(x) for x in v)
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    grid = _grid(args)
+    keys = _keys(args.keys, args.int_keys)
+    t = grid.table(args.table)
+    reader = t.pin(args.version) if args.version else t
+    values, found = reader.lookup(keys)
+    missing = 0
+    for k, v, f in zip(args.keys, values, found):
+        if f:
+            print(f"{k}\t{_format(v)}")
+        else:
+            missing += 1
+            print(f"{k}\t(missing)")
+    return 1 if missing else 0
+
+
+def cmd_put(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    grid = _grid(args)
+    t = grid.table(args.table)
+    info = t.describe()
+    vt = info.get("value_type")
+    key = _keys([args.key], args.int_keys)[0]
+    try:
+        if vt == "f64":
+            value: Any = np.array([float(args.value)])
+        elif vt == "i64":
+            value = np.array([int(args.value)], dtype=np.int64)
+        elif vt == "f32vec":
+            value = np.array([[float(x) for x in args.value.split(",")]], dtype=np.float32)
+            if value.shape[1] != int(info.get("dim", 0)):
+                raise CliError(f"table {args.table} holds vectors of {info.get('dim')} floats, got {value.shape[1]}")
+        else:
+            value = [args.value.encode()]
+    except ValueError as e:
+        raise CliError(f"value {args.value!r} does not fit a {vt} table: {e}") from None
+    t.put_many([key], value)
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    grid = _grid(args)
+    print(json.dumps(grid.stats(), indent=2, default=str))
+    return 0
+
+
+def cmd_bench(extra: Sequence[str]) -> int:
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "native_batch.py"
+    if not script.is_file():
+        raise CliError(f"{script} not found: `ramgrid bench` runs from a source checkout of ramgrid")
+    return subprocess.call([sys.executable, str(script), "--quick", *extra])
+
+
+def cmd_serve(argv: Sequence[str]) -> int:
+    from ramgrid._serve import main as serve_main
+
+    os.environ.pop("RAMGRID_PARENT_PID", None)
+    return serve_main(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    # `serve` and `bench` hand every later argument to another parser, so argparse must not look at them.
+    if args_list and args_list[0] == "serve":
+        return cmd_serve(args_list[1:])
+    if args_list and args_list[0] == "bench":
+        return _run(lambda: cmd_bench(args_list[1:]))
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    if args.command == "serve":  # only reached when options came before `serve`
+        parser.error("put `serve` first: ramgrid serve [server flags]")
+    if args.command == "bench":
+        parser.error("put `bench` first: ramgrid bench [benchmark flags]")
+    handlers = {
+        ("cluster", "up"): cmd_cluster_up,
+        ("cluster", "down"): cmd_cluster_down,
+        ("cluster", "status"): cmd_cluster_status,
+    }
+    action = str(getattr(args, "action", ""))
+    if (args.command, action) in handlers:
+        handler = handlers[(args.command, action)]
+    else:
+        handler = {"table": cmd_table, "get": cmd_get, "put": cmd_put, "stats": cmd_stats}[args.command]
+    return _run(lambda: handler(args))
+
+
+def _run(fn: Any) -> int:
+    try:
+        return int(fn())
+    except CliError as e:
+        print(f"ramgrid: {e}", file=sys.stderr)
+        return 2
+    except RamgridError as e:
+        print(f"ramgrid: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except ImportError as e:
+        print(f"ramgrid: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

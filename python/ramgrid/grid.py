@@ -1,0 +1,571 @@
+"""Handles on a grid and its tables: `Grid`, `Table`, `PinnedTable`, `VersionWriter`, and `connect()`.
+
+A handle holds configuration only (the server list, options, a table name, a pinned version). The native client
+behind it is looked up per process in a registry keyed by that configuration, so handles pickle without sockets,
+reconnect lazily in a new process (spawn, forkserver, Dask workers), and share one connection pool per process.
+After a fork the child finds the pid changed and builds its own client; the parent's is never touched there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Union, cast
+
+import numpy as np
+
+from ramgrid._keys import NativeKeys, convert_keys, convert_values, key_count
+from ramgrid.config import SpecLike, parse_spec
+from ramgrid.exceptions import KeysNotFound, RamgridError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from ramgrid._native import Client
+
+__all__ = ["Grid", "GridConfig", "PinnedTable", "Table", "VersionWriter", "connect", "native"]
+
+ValueType = Union[str, tuple[str, int]]
+_ACKS = ("all", "majority", "one")
+
+
+class _Raise:
+    """Sentinel: no default given, so a missing key raises."""
+
+    def __repr__(self) -> str:
+        return "<raise>"
+
+
+RAISE: Any = _Raise()
+
+
+def native() -> Any:
+    """Returns the `ramgrid._native` module, or raises ImportError saying how to build it."""
+    try:
+        from ramgrid import _native
+    except ImportError as e:
+        raise ImportError(
+            "ramgrid's native module (ramgrid._native) is not built or not importable: build it with "
+            "`maturin develop --release` in the repository (or `pip install .`)"
+        ) from e
+    return _native
+
+
+@dataclass(frozen=True)
+class GridConfig:
+    """Everything needed to (re)build a client in any process. Hashable: it keys the per-process client registry."""
+
+    servers: tuple[str, ...]
+    token: str | None = field(default=None, repr=False)
+    timeout: float = 5.0
+    connect_timeout: float = 1.0
+    ack: str = "all"
+    near_cache_bytes: int = 0
+    pool_size: int = 4
+
+    def __post_init__(self) -> None:
+        if self.ack not in _ACKS:
+            raise ValueError(f"ack must be one of {', '.join(_ACKS)}, got {self.ack!r}")
+        if not self.timeout > 0 or not self.connect_timeout > 0:
+            raise ValueError("timeouts must be positive (seconds)")
+        if self.near_cache_bytes < 0 or self.pool_size < 1:
+            raise ValueError("near_cache_bytes must be >= 0 and pool_size >= 1")
+
+    def make_client(self) -> Client:
+        return cast(
+            "Client",
+            native().Client(
+                list(self.servers),
+                token=self.token,
+                timeout_ms=max(1, int(self.timeout * 1000)),
+                connect_timeout_ms=max(1, int(self.connect_timeout * 1000)),
+                ack=self.ack,
+                near_cache_bytes=int(self.near_cache_bytes),
+                pool_size=int(self.pool_size),
+            ),
+        )
+
+
+class _Registry:
+    """One native client per configuration per process."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.clients: dict[GridConfig, Any] = {}
+
+
+_registry = _Registry()
+# Clients inherited through fork. They are deliberately kept alive forever: their sockets and background threads
+# belong to the parent, and tearing one down in the child (joining threads that do not exist there, or sending a
+# goodbye on the parent's connections) could hang or disturb the parent.
+_inherited: list[Any] = []
+
+
+def _forget_inherited_clients() -> None:
+    global _registry
+    old = _registry
+    if old.clients:
+        _inherited.extend(old.clients.values())
+        # Interpreter shutdown clears module globals; an extra reference keeps these from ever being dropped.
+        for c in old.clients.values():
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(c))
+    _registry = _Registry()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited_clients)
+
+
+def client_for(config: GridConfig) -> Any:
+    """The native client for `config` in this process, created on first use."""
+    reg = _registry
+    if reg.pid != os.getpid():  # forked by something that bypassed os.register_at_fork hooks
+        _forget_inherited_clients()
+        reg = _registry
+    c = reg.clients.get(config)
+    if c is None:
+        with reg.lock:
+            c = reg.clients.get(config)
+            if c is None:
+                c = config.make_client()
+                reg.clients[config] = c
+    return c
+
+
+def release_client(config: GridConfig) -> None:
+    """Closes this process's client for `config`; handles using it reconnect on their next call."""
+    reg = _registry
+    if reg.pid != os.getpid():
+        return
+    with reg.lock:
+        c = reg.clients.pop(config, None)
+    if c is not None:
+        c.close()
+
+
+def _parse_value_type(value_type: ValueType, dim: int) -> tuple[str, int]:
+    if isinstance(value_type, tuple):
+        if len(value_type) != 2 or value_type[0] != "f32vec":
+            raise ValueError(f"tuple value types are ('f32vec', dim), got {value_type!r}")
+        vt, d = "f32vec", int(value_type[1])
+    else:
+        vt, d = str(value_type), dim
+        if vt.startswith("f32vec:"):
+            vt, d = "f32vec", int(vt.split(":", 1)[1])
+    if vt not in ("bytes", "i64", "f64", "f32vec"):
+        raise ValueError(f"value_type must be 'bytes', 'i64', 'f64' or ('f32vec', dim), got {value_type!r}")
+    if vt == "f32vec" and d <= 0:
+        raise ValueError("an f32vec table needs a dimension > 0: value_type=('f32vec', dim)")
+    if vt != "f32vec":
+        d = 0
+    return vt, d
+
+
+class Grid:
+    """A handle on a ramgrid cluster. Cheap to create, safe to pickle; connects on first use."""
+
+    def __init__(self, config: GridConfig) -> None:
+        self._config = config
+
+    @property
+    def config(self) -> GridConfig:
+        return self._config
+
+    @property
+    def servers(self) -> list[str]:
+        """The cluster spec: server addresses in partition-map order."""
+        return list(self._config.servers)
+
+    def _client(self) -> Any:
+        return client_for(self._config)
+
+    def __reduce__(self) -> Any:
+        return (Grid, (self._config,))
+
+    def __repr__(self) -> str:
+        return f"Grid({list(self._config.servers)!r})"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes this process's connections for this configuration. Other handles with the same configuration
+        reconnect on their next call."""
+        release_client(self._config)
+
+    # tables
+
+    def table(self, name: str) -> Table:
+        """A handle on table `name` (no request is made until it is used)."""
+        return Table(self, name)
+
+    def create_table(
+        self,
+        name: str,
+        partitions: int = 64,
+        replication: int = 1,
+        value_type: ValueType = "bytes",
+        *,
+        dim: int = 0,
+        exist_ok: bool = False,
+    ) -> Table:
+        """Creates a table and returns its handle.
+
+        `value_type`: "bytes", "i64", "f64", or ("f32vec", dim) for fixed-length float32 vectors. The new table has
+        an open version 1 that is current, so plain `put_many` writes to it; use `Table.new_version()` to load later
+        versions atomically. With `exist_ok`, an existing table of that name is returned as is.
+        """
+        vt, d = _parse_value_type(value_type, dim)
+        if partitions < 1 or replication < 1:
+            raise ValueError("partitions and replication must be >= 1")
+        if replication > len(self._config.servers):
+            raise ValueError(f"replication {replication} exceeds the number of servers ({len(self._config.servers)})")
+        from ramgrid.exceptions import TableExists
+
+        try:
+            self._client().create_table(name, partitions=partitions, replication=replication, value_type=vt, dim=d)
+        except TableExists:
+            if not exist_ok:
+                raise
+        return Table(self, name)
+
+    def tables(self) -> list[str]:
+        """Names of the tables on the cluster, sorted."""
+        return sorted(str(t["name"]) for t in self._client().list_tables())
+
+    def list_tables(self) -> list[dict[str, Any]]:
+        """The tables with their settings (name, partitions, replication, value_type, dim, current_version)."""
+        return list(self._client().list_tables())
+
+    def drop_table(self, name: str) -> None:
+        """Drops a table with all its versions."""
+        self._client().drop_table(name)
+
+    def stats(self) -> list[dict[str, Any]]:
+        """One dict of counters per server, in spec order."""
+        return list(self._client().server_stats())
+
+    def epoch(self) -> int:
+        """The partition-map epoch this process's client works under."""
+        return int(self._client().epoch())
+
+
+def _first_missing_key(keys: NativeKeys, found: np.ndarray) -> tuple[list[int], int, Any]:
+    missing = np.flatnonzero(~np.asarray(found, dtype=bool))
+    idx = [int(i) for i in missing[:20]]
+    first = idx[0]
+    if isinstance(keys, tuple):
+        offsets, data = keys
+        key: Any = data[int(offsets[first]) : int(offsets[first + 1])]
+    elif isinstance(keys, np.ndarray):
+        key = keys[first].item()
+    else:
+        key = keys[first]
+    return idx, int(missing.size), key
+
+
+class _Reader:
+    """Read methods shared by Table, PinnedTable and VersionWriter; `_read_version` 0 means the current version."""
+
+    _grid: Grid
+    name: str
+    _read_version: int = 0
+
+    def lookup(self, keys: Any) -> tuple[Any, np.ndarray]:
+        """Returns `(values, found)`: values as `get_many` would, with zeros (numeric) or None (bytes) where
+        `found` is False. Never raises for a missing key."""
+        result: tuple[Any, np.ndarray] = self._client().get_many(self.name, convert_keys(keys), self._read_version)
+        return result
+
+    def get_many(self, keys: Any, default: Any = RAISE) -> Any:
+        """Looks up a batch of keys (list, numpy array or pyarrow array) in one round trip per server.
+
+        Returns a float64 / int64 numpy array for numeric tables, a float32 array of shape (n, dim) for vector
+        tables, a list of bytes for bytes tables. A missing key raises KeysNotFound (a KeyError) unless `default`
+        is given, which then fills the missing slots (e.g. `default=np.nan`).
+        """
+        k = convert_keys(keys)
+        values, found = self._client().get_many(self.name, k, self._read_version)
+        if found.all():
+            return values
+        if default is RAISE:
+            idx, count, first = _first_missing_key(k, found)
+            raise KeysNotFound(
+                f"{count} of {key_count(k)} keys not found in table {self.name!r} (first: {first!r} at index {idx[0]})",
+                idx,
+                count,
+            )
+        if isinstance(values, np.ndarray):
+            values[~found] = default
+            return values
+        return [default if v is None else v for v in values]
+
+    def get(self, key: Any, default: Any = RAISE) -> Any:
+        """One key's value (a Python float/int, bytes, or a float32 vector); KeyError if missing and no default."""
+        values, found = self._client().get_many(self.name, [key], self._read_version)
+        if not found[0]:
+            if default is RAISE:
+                raise KeysNotFound(f"key {key!r} not found in table {self.name!r}", [0], 1)
+            return default
+        v = values[0]
+        return v.item() if isinstance(v, np.generic) else v
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.get(key)
+
+    def __contains__(self, key: Any) -> bool:
+        _, found = self._client().get_many(self.name, [key], self._read_version)
+        return bool(found[0])
+
+    def _client(self) -> Any:
+        return self._grid._client()
+
+
+class Table(_Reader):
+    """A handle on a named table. Reads and writes go to its current version (resolved by the servers per request).
+
+    Use `pin()` for a job that must see one version throughout, and `new_version()` to load a new version that
+    becomes visible all at once.
+    """
+
+    def __init__(self, grid: Grid, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError("a table name is a non-empty str")
+        self._grid = grid
+        self.name = name
+
+    @property
+    def grid(self) -> Grid:
+        return self._grid
+
+    def __reduce__(self) -> Any:
+        return (Table, (self._grid, self.name))
+
+    def __repr__(self) -> str:
+        return f"Table({self.name!r}, servers={list(self._grid.servers)!r})"
+
+    # writes to the current version
+
+    def put_many(self, keys: Any, values: Any) -> None:
+        """Stores a batch. `values`: a numpy array (numeric/vector tables) or a list of bytes/str (bytes tables),
+        as long as `keys`. A refused key (too large, no memory) raises BatchError listing the failed indices after
+        every other key has been stored."""
+        _put(self._client(), self.name, keys, values, 0)
+
+    def put(self, key: Any, value: Any) -> None:
+        """Stores one key."""
+        _put(self._client(), self.name, [key], _single_value(value), 0)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.put(key, value)
+
+    def delete_many(self, keys: Any) -> int:
+        """Deletes a batch from the current version; returns how many existed."""
+        k = convert_keys(keys)
+        if key_count(k) == 0:
+            return 0
+        return int(self._client().delete_many(self.name, k, 0))
+
+    def __delitem__(self, key: Any) -> None:
+        if self._client().delete_many(self.name, [key], 0) == 0:
+            raise KeysNotFound(f"key {key!r} not found in table {self.name!r}", [0], 1)
+
+    # metadata and versions
+
+    def describe(self) -> dict[str, Any]:
+        """Settings, current version and per-version item/byte counts, aggregated over servers."""
+        return dict(self._client().describe_table(self.name))
+
+    def versions(self) -> list[dict[str, Any]]:
+        """The table's versions: [{"version", "sealed", "items", "bytes"}]."""
+        return list(self.describe()["versions"])
+
+    def current_version(self) -> int:
+        """The version reads without a pin see now."""
+        return int(self._client().current_version(self.name))
+
+    def drop_version(self, version: int) -> None:
+        """Frees an old version. The current version cannot be dropped (the servers refuse it)."""
+        self._client().drop_version(self.name, int(version))
+
+    def pin(self, version: int | None = None) -> PinnedTable:
+        """A read-only handle on one version: `version`, or the current one resolved now, once. Pass it to a job's
+        tasks so every task reads the same version even if the table is switched meanwhile."""
+        v = self.current_version() if version is None else int(version)
+        if v <= 0:
+            raise ValueError(f"versions are numbered from 1, got {v}")
+        return PinnedTable(self._grid, self.name, v)
+
+    def new_version(self) -> VersionWriter:
+        """Context manager for loading a new version: writes go to a fresh open version; on normal exit it is sealed
+        and made current on every server at once; on an exception it is dropped and the previous version stays
+        current.
+
+            with table.new_version() as v:
+                v.put_many(keys, values)
+        """
+        return VersionWriter(self._grid, self.name)
+
+
+class PinnedTable(_Reader):
+    """A read-only handle on one version of a table. Pickles with its version, so tasks of a job agree on it."""
+
+    def __init__(self, grid: Grid, name: str, version: int) -> None:
+        self._grid = grid
+        self.name = name
+        self.version = int(version)
+        self._read_version = self.version
+
+    def __reduce__(self) -> Any:
+        return (PinnedTable, (self._grid, self.name, self.version))
+
+    def __repr__(self) -> str:
+        return f"PinnedTable({self.name!r}, version={self.version}, servers={list(self._grid.servers)!r})"
+
+    def table(self) -> Table:
+        """The unpinned table handle."""
+        return Table(self._grid, self.name)
+
+
+class VersionWriter(_Reader):
+    """A version being loaded: writes and reads go to it. Use via `Table.new_version()` as a context manager, or
+    call `commit()` / `abort()` yourself."""
+
+    def __init__(self, grid: Grid, name: str) -> None:
+        self._grid = grid
+        self.name = name
+        self.version = 0
+        self._state = "new"
+
+    def __repr__(self) -> str:
+        return f"VersionWriter({self.name!r}, version={self.version}, state={self._state})"
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a VersionWriter cannot be pickled (it owns the commit); pass table.pin(writer.version) to tasks that "
+            "write into it instead, or write from the driver"
+        )
+
+    def begin(self) -> Self:
+        if self._state != "new":
+            raise RamgridError(f"version writer for {self.name!r} already {self._state}")
+        self.version = int(self._client().create_version(self.name))
+        self._read_version = self.version
+        self._state = "open"
+        return self
+
+    def __enter__(self) -> Self:
+        return self.begin()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._state != "open":
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise RamgridError(f"version {self.version} of {self.name!r} is {self._state}, not open for writes")
+
+    def put_many(self, keys: Any, values: Any) -> None:
+        """Writes a batch into the new version (see Table.put_many)."""
+        self._check_open()
+        _put(self._client(), self.name, keys, values, self.version)
+
+    def put(self, key: Any, value: Any) -> None:
+        self._check_open()
+        _put(self._client(), self.name, [key], _single_value(value), self.version)
+
+    def delete_many(self, keys: Any) -> int:
+        self._check_open()
+        k = convert_keys(keys)
+        if key_count(k) == 0:
+            return 0
+        return int(self._client().delete_many(self.name, k, self.version))
+
+    def commit(self) -> int:
+        """Seals the version and makes it current on every server; returns its number."""
+        self._check_open()
+        c = self._client()
+        try:
+            c.seal_version(self.name, self.version)
+            c.set_current(self.name, self.version)
+        except BaseException:
+            self.abort()
+            raise
+        self._state = "committed"
+        return self.version
+
+    def abort(self) -> None:
+        """Drops the version; the previous one stays current."""
+        if self._state != "open":
+            return
+        self._state = "aborted"
+        try:
+            self._client().drop_version(self.name, self.version)
+        except RamgridError:
+            # The version is invisible either way: it was never made current. A server that missed the drop keeps
+            # an orphan version that `versions()` lists and `drop_version()` removes.
+            pass
+
+
+def _single_value(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray, memoryview, str)):
+        return [bytes(value) if not isinstance(value, str) else value]
+    arr = np.asarray(value)
+    return arr.reshape(1, -1) if arr.ndim == 1 else arr.reshape(1)
+
+
+def _put(client: Any, name: str, keys: Any, values: Any, version: int) -> None:
+    k = convert_keys(keys)
+    n = key_count(k)
+    v = convert_values(values)
+    nv = len(v)
+    if nv != n:
+        raise ValueError(f"{n} keys but {nv} values")
+    if n == 0:
+        return
+    client.put_many(name, k, v, version)
+
+
+def connect(
+    spec: SpecLike,
+    *,
+    token: str | None = None,
+    timeout: float = 5.0,
+    ack: str = "all",
+    near_cache_bytes: int = 0,
+    connect_timeout: float = 1.0,
+    pool_size: int = 4,
+) -> Grid:
+    """A handle on the cluster named by `spec`: a list of "host:port", a comma-separated string of them, or the
+    path of a spec file (one host:port per line). The order of servers defines the partition map, so every client
+    of a cluster must use the same order.
+
+    `timeout`: seconds per request; `ack`: replicas that must acknowledge a write ("all", "majority", "one");
+    `near_cache_bytes`: size of the in-process cache for pinned (immutable) versions, 0 = off.
+    Connections are opened on first use, in whichever process uses the handle.
+    """
+    servers = tuple(parse_spec(spec))
+    return Grid(
+        GridConfig(
+            servers=servers,
+            token=token,
+            timeout=float(timeout),
+            connect_timeout=float(connect_timeout),
+            ack=ack,
+            near_cache_bytes=int(near_cache_bytes),
+            pool_size=int(pool_size),
+        )
+    )

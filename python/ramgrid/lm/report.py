@@ -1,0 +1,403 @@
+"""The experiment's report: the paper's Table 1 for 1, 2 and 4 servers, the peers side by side, Figures 5 and 6.
+
+Definitions, as in the reference experiment (Lin et al., section 5.2):
+
+- running time: wall time of the scoring job, from submitting its tasks to having every result;
+- Σ latency: time spent inside lookup calls, summed over all tasks (a Hadoop counter, so it exceeds the running
+  time when tasks run in parallel); average latency = Σ latency / lookups (one lookup = one token resolved; for
+  batched modes, the per-token share of a batch's round trip);
+- NoOp: running time of the same job on the same sentences with a constant instead of each lookup;
+- throughput (paper) = lookups / (running time - NoOp time); end-to-end throughput = lookups / running time.
+
+`write_report` writes report.md, result.json, fig5_latency_throughput.png and fig6_key_distribution.png.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+__all__ = ["derive", "format_markdown", "plot_figures", "write_report"]
+
+SYSTEM_ORDER = ("memcached", "ramgrid", "ramgrid+near", "dict")
+MODE_ORDER = ("per-token", "per-sentence", "per-partition")
+TARGET_E2E = 2_000_000
+TARGET_VS_MEMCACHED = 10.0
+TARGET_VS_DICT = 0.3
+
+
+def _rate(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return "n/a"
+    if x >= 1e6:
+        return f"{x / 1e6:.2f} M/s"
+    if x >= 1e3:
+        return f"{x / 1e3:.1f} k/s"
+    return f"{x:.0f} /s"
+
+
+def _secs(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    if x >= 3600:
+        return f"{int(x // 3600)}h {int(x % 3600 // 60):02d}m"
+    if x >= 100:
+        return f"{int(x // 60)}m {x % 60:04.1f}s"
+    return f"{x:.2f} s"
+
+
+def _lat(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return "n/a"
+    if x >= 1e-3:
+        return f"{x * 1e3:.2f} ms"
+    if x >= 1e-6:
+        return f"{x * 1e6:.2f} µs"
+    return f"{x * 1e9:.0f} ns"
+
+
+def _ratio(x: float | None) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.2f}x" if x < 10 else f"{x:.0f}x"
+
+
+def derive(result: dict[str, Any]) -> dict[str, Any]:
+    """Adds the computed figures (NoOp, throughputs, ratios, targets) to each run and returns the summary tables."""
+    runs = result.get("runs", [])
+    noop: dict[tuple[Any, int], float] = {}
+    for r in runs:
+        if r["mode"] == "noop":
+            noop[(r["servers"], r["sentences"])] = r["wall_s"]
+    first_servers = next((r["servers"] for r in runs if r["servers"] is not None), None)
+    rows = []
+    for r in runs:
+        if r["mode"] == "noop":
+            continue
+        key_servers = r["servers"] if r["servers"] is not None else first_servers
+        nt = noop.get((key_servers, r["sentences"]))
+        lookups = r["lookups"]
+        over = r["wall_s"] - nt if nt is not None else None
+        r["noop_s"] = nt
+        r["avg_latency_s"] = r["lookup_s"] / lookups if lookups else None
+        r["avg_call_latency_s"] = r["lookup_s"] / r["calls"] if r["calls"] else None
+        r["throughput_paper"] = lookups / over if over is not None and over > 0 else None
+        r["throughput_e2e"] = lookups / r["wall_s"] if r["wall_s"] > 0 else None
+        rows.append(r)
+
+    def find(servers: Any, system: str, mode: str) -> dict[str, Any] | None:
+        return next((x for x in rows if x["servers"] == servers and x["system"] == system and x["mode"] == mode), None)
+
+    dict_rows = {x["mode"]: x for x in rows if x["system"] == "dict"}
+    for r in rows:
+        s = r["servers"]
+        mc_same = find(s, "memcached", r["mode"]) if s is not None else None
+        mc_tok = find(s, "memcached", "per-token") if s is not None else None
+        d = dict_rows.get(r["mode"]) or dict_rows.get("per-partition")
+        r["x_memcached_same_mode"] = _div(r["throughput_e2e"], mc_same and mc_same["throughput_e2e"])
+        r["x_memcached_per_token"] = _div(r["throughput_e2e"], mc_tok and mc_tok["throughput_e2e"])
+        r["x_dict"] = _div(r["throughput_e2e"], d and d["throughput_e2e"])
+    servers = sorted({r["servers"] for r in rows if r["servers"] is not None})
+    targets = []
+    for s in servers:
+        rg = find(s, "ramgrid", "per-partition")
+        mc = find(s, "memcached", "per-partition")
+        d = dict_rows.get("per-partition")
+        if rg is None:
+            continue
+        e2e = rg["throughput_e2e"]
+        vs_mc = _div(e2e, mc and mc["throughput_e2e"])
+        vs_d = _div(e2e, d and d["throughput_e2e"])
+        targets.append(
+            {
+                "servers": s,
+                "ramgrid_batched_e2e": e2e,
+                "meets_2M": e2e is not None and e2e >= TARGET_E2E,
+                "x_memcached_batched": vs_mc,
+                "meets_10x_memcached": vs_mc is not None and vs_mc >= TARGET_VS_MEMCACHED,
+                "x_dict": vs_d,
+                "meets_0.3x_dict": vs_d is not None and vs_d >= TARGET_VS_DICT,
+            }
+        )
+    summary = {"rows": rows, "targets": targets, "servers": servers}
+    result["summary"] = {"targets": targets}
+    return summary
+
+
+def _div(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def _sorted_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def key(r: dict[str, Any]) -> tuple[int, int, int]:
+        m = MODE_ORDER.index(r["mode"]) if r["mode"] in MODE_ORDER else 9
+        s = SYSTEM_ORDER.index(r["system"]) if r["system"] in SYSTEM_ORDER else 9
+        return (m, s, r["servers"] or 0)
+
+    return sorted(rows, key=key)
+
+
+def format_markdown(result: dict[str, Any], summary: dict[str, Any]) -> str:
+    corpus = result.get("corpus", {})
+    model = result.get("model", {})
+    machine = result.get("machine", {})
+    lines = ["# Unigram language-model scoring: ramgrid vs memcached vs a dict (after Lin et al., Table 1)", ""]
+    lines.append(f"Command: `{result.get('command', '')}`")
+    lines.append("")
+    lines.append(
+        f"Corpus: {corpus.get('description', '?')}. {corpus.get('lines', 0):,} sentences, "
+        f"{corpus.get('tokens', 0):,} tokens, {corpus.get('vocabulary', 0):,} distinct; "
+        f"{corpus.get('dropped_long_tokens', 0):,} tokens over 100 characters dropped; "
+        f"{corpus.get('replaced_lines', 0):,} lines with bytes that are not UTF-8 (replaced)."
+    )
+    k = f", k = {model.get('k')}" if model.get("smoothing") == "add-k" else ""
+    lines.append(
+        f"Model: natural-log probabilities, {model.get('smoothing', '?')}{k}; counted on Dask in "
+        f"{model.get('count_job_s', 0):.1f} s."
+    )
+    lines.append(
+        f"Machine: {machine.get('cpu_count')} cores ({machine.get('cpu_model', '?')}), "
+        f"{machine.get('memory_gib', '?')} GiB; {machine.get('memcached', '?')}; Python {machine.get('python')}; "
+        f"Dask {machine.get('distributed', '?')}, {result.get('config', {}).get('workers')} worker processes. "
+        "Servers, Dask workers and the driver share these cores."
+    )
+    cfg = result.get("config", {})
+    if result.get("memcached_command"):
+        lines.append(
+            f"Peers: `{result['memcached_command']}` per server, read with pymemcache's HashClient (keys to servers by "
+            f"{cfg.get('memcached_hasher', 'crc32')}); ramgrid: `ramgrid.local(servers=n)`, "
+            f"{cfg.get('server_threads')} thread and {cfg.get('server_memory')} per server, a {cfg.get('grid_partitions')}"
+            f"-partition f64 table; near cache {cfg.get('near_cache_mb')} MiB per worker; dict: the whole model in each "
+            "worker."
+        )
+    wl = result.get("workloads", {})
+    lines.append(
+        f"Workloads: per-token modes on the first {wl.get('per_token', 0):,} sentences, per-sentence on "
+        f"{wl.get('per_sentence', 0):,}, per-partition and the dict on all {wl.get('full', 0):,}. "
+        "NoOp is measured on each workload."
+    )
+    for note in result.get("notes", []):
+        lines.append(f"Note: {note}.")
+    lines.append("")
+    lines.append("## Table 1: the paper's columns, for each system and lookup mode")
+    lines.append("")
+    lines.append(
+        "| System | Mode | Servers | Sentences | Lookups | Running time | Σ latency | Avg. latency | NoOp | "
+        "Throughput (paper) | End to end |"
+    )
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in _sorted_rows(summary["rows"]):
+        lines.append(
+            f"| {r['system']} | {r['mode']} | {r['servers'] if r['servers'] is not None else '-'} | "
+            f"{r['sentences']:,} | {r['lookups']:,} | {_secs(r['wall_s'])} | {_secs(r['lookup_s'])} | "
+            f"{_lat(r['avg_latency_s'])} | {_secs(r['noop_s'])} | {_rate(r['throughput_paper'])} | "
+            f"{_rate(r['throughput_e2e'])} |"
+        )
+    lines.append("")
+    lines.append(
+        "Throughput (paper) = lookups / (running time - NoOp); n/a where the difference is within noise "
+        "(not above zero). Avg. latency is per token; batched modes share one round trip among many tokens "
+        "(and per-partition sends each distinct token once: see keys sent below)."
+    )
+    lines.append("")
+    lines.append("## Peers: lookups per second end to end, and ratios")
+    lines.append("")
+    lines.append(
+        "| Mode | Servers | System | End to end | × memcached, same mode | × memcached per-token (paper's "
+        "architecture) | × dict | Calls | Keys sent |"
+    )
+    lines.append("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for r in _sorted_rows(summary["rows"]):
+        lines.append(
+            f"| {r['mode']} | {r['servers'] if r['servers'] is not None else '-'} | {r['system']} | "
+            f"{_rate(r['throughput_e2e'])} | {_ratio(r['x_memcached_same_mode'])} | "
+            f"{_ratio(r['x_memcached_per_token'])} | {_ratio(r['x_dict'])} | {r['calls']:,} | {r['keys']:,} |"
+        )
+    lines.append("")
+    if summary["targets"]:
+        lines.append("## Targets (issue 4): ramgrid batched (per-partition, no near cache), end to end")
+        lines.append("")
+        lines.append("| Servers | Lookups/s | ≥ 2 M/s | × memcached batched | ≥ 10x | × dict | ≥ 0.3x |")
+        lines.append("|---:|---:|:-:|---:|:-:|---:|:-:|")
+        for t in summary["targets"]:
+            lines.append(
+                f"| {t['servers']} | {_rate(t['ramgrid_batched_e2e'])} | {'yes' if t['meets_2M'] else 'no'} | "
+                f"{_ratio(t['x_memcached_batched'])} | {'yes' if t['meets_10x_memcached'] else 'no'} | "
+                f"{_ratio(t['x_dict'])} | {'yes' if t['meets_0.3x_dict'] else 'no'} |"
+            )
+        lines.append("")
+    lines.append("## Loads and key distribution (Figure 6)")
+    lines.append("")
+    for ld in result.get("loads", []):
+        s = ld["servers"] if ld["servers"] is not None else "-"
+        lines.append(f"- {ld['system']}, {s} servers: {_secs(ld['load_s'])} ({ld['what']})")
+    for d in result.get("distribution", []):
+        total = sum(d["items"]) or 1
+        shares = ", ".join(f"{100 * i / total:.1f}%" for i in d["items"])
+        lines.append(
+            f"- {d['system']} on {d['servers']} servers, keys per server ({d['how']}): "
+            f"{', '.join(f'{i:,}' for i in d['items'])} ({shares})"
+        )
+    lines.append("")
+    chk = result.get("reference_check", {})
+    if chk:
+        lines.append("## Checks")
+        lines.append("")
+        lines.append("Every run of a workload gave bit-identical scores (math.fsum of the tokens' ln p).")
+        for n, verdict in chk.get("workloads", {}).items():
+            lines.append(f"- first {int(n):,} sentences: {verdict}")
+        lines.append("")
+    figs = result.get("figures", {})
+    if figs:
+        lines.append("## Figures")
+        lines.append("")
+        for name, path in figs.items():
+            lines.append(f"![{name}]({Path(path).name})")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot_figures(result: dict[str, Any], summary: dict[str, Any], out: Path) -> dict[str, str]:
+    """Figure 5 (latency bars, throughput lines, against servers) and Figure 6 (keys per server) as PNG files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = summary["rows"]
+    servers = summary["servers"]
+    files: dict[str, str] = {}
+    if servers:
+        fig, (ax1, ax3) = plt.subplots(1, 2, figsize=(14, 6.5))
+        series = [(s, "per-token") for s in ("memcached", "ramgrid", "ramgrid+near")]
+        width = 0.8 / len(series)
+        colors = {"memcached": "#c0504d", "ramgrid": "#4f81bd", "ramgrid+near": "#9bbb59", "dict": "#7f7f7f"}
+        ax2 = ax1.twinx()
+        xs = list(range(len(servers)))
+        for i, (system, mode) in enumerate(series):
+            pts = [
+                next((r for r in rows if r["servers"] == s and r["system"] == system and r["mode"] == mode), None)
+                for s in servers
+            ]
+            if not any(pts):
+                continue
+            lat = [(p["avg_latency_s"] or 0) * 1e6 if p else 0 for p in pts]
+            ax1.bar(
+                [x - 0.4 + width * (i + 0.5) for x in xs],
+                lat,
+                width,
+                color=colors[system],
+                alpha=0.55,
+                label=f"{system} latency",
+            )
+            thr = [p["throughput_paper"] if p and p["throughput_paper"] else float("nan") for p in pts]
+            ax2.plot(xs, thr, marker="o", color=colors[system], label=f"{system} throughput")
+        ax1.set_xticks(xs)
+        ax1.set_xticklabels([str(s) for s in servers])
+        ax1.set_xlabel("servers")
+        ax1.set_ylabel("average latency per lookup (µs, bars)")
+        ax2.set_ylabel("throughput, paper's definition (lookups/s, lines)")
+        ax2.set_ylim(bottom=0)
+        ax1.set_title("Per-token lookups (the paper's architecture)")
+        h1, l1 = ax1.get_legend_handles_labels()
+        h2, l2 = ax2.get_legend_handles_labels()
+        ax1.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3)
+        styles = {"per-token": ":", "per-sentence": "--", "per-partition": "-"}
+        for system in ("memcached", "ramgrid", "ramgrid+near"):
+            for mode in MODE_ORDER:
+                pts = [
+                    next((r for r in rows if r["servers"] == s and r["system"] == system and r["mode"] == mode), None)
+                    for s in servers
+                ]
+                if not any(pts):
+                    continue
+                ax3.plot(
+                    servers,
+                    [p["throughput_e2e"] if p else float("nan") for p in pts],
+                    marker="o",
+                    linestyle=styles[mode],
+                    color=colors[system],
+                    label=f"{system} {mode}",
+                )
+        d = next((r for r in rows if r["system"] == "dict" and r["mode"] == "per-partition"), None)
+        if d and d["throughput_e2e"]:
+            ax3.axhline(
+                d["throughput_e2e"], color=colors["dict"], linestyle="-.", label="dict in each worker (ceiling)"
+            )
+        ax3.set_yscale("log")
+        ax3.set_xticks(servers)
+        ax3.set_xlabel("servers")
+        ax3.set_ylabel("lookups/s end to end (log scale)")
+        ax3.set_title("All modes, end to end")
+        ax3.grid(True, which="both", alpha=0.3)
+        ax3.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3)
+        fig.suptitle("Figure 5: latency and throughput against cluster size", fontsize=12)
+        fig.tight_layout()
+        p = out / "fig5_latency_throughput.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        files["figure5"] = str(p)
+    dist = result.get("distribution", [])
+    if dist:
+        counts = sorted({d["servers"] for d in dist})
+        if len(counts) > 1:
+            counts = [c for c in counts if c > 1]  # one server holds everything: nothing to show
+        fig, axes = plt.subplots(1, len(counts), figsize=(4 + 3 * len(counts), 4), squeeze=False)
+        for ax, n in zip(axes[0], counts):
+            ds = [d for d in dist if d["servers"] == n]
+            width = 0.8 / max(len(ds), 1)
+            for i, d in enumerate(ds):
+                total = sum(d["items"]) or 1
+                ax.bar(
+                    [j - 0.4 + width * (i + 0.5) for j in range(n)],
+                    [100 * x / total for x in d["items"]],
+                    width,
+                    label=d["system"],
+                    color={"ramgrid": "#4f81bd", "memcached": "#c0504d"}.get(d["system"]),
+                )
+            ax.axhline(100 / n, color="black", linewidth=0.8, linestyle="--", label="even share")
+            ax.set_xticks(range(n))
+            ax.set_xticklabels([str(j) for j in range(n)])
+            ax.set_xlabel("server")
+            ax.set_ylabel("share of keys (%)")
+            ax.set_title(f"{n} server{'s' if n > 1 else ''}")
+            ax.set_ylim(0, 110)
+            ax.legend(fontsize=8)
+        fig.suptitle("Figure 6: distribution of (token, ln p) pairs across servers", fontsize=12)
+        fig.tight_layout()
+        p = out / "fig6_key_distribution.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        files["figure6"] = str(p)
+    return files
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if hasattr(x, "item") and callable(x.item):  # numpy scalars
+        return _jsonable(x.item())
+    return x
+
+
+def write_report(result: dict[str, Any], out: str | Path, *, plots: bool = True) -> dict[str, str]:
+    """Writes the Markdown report, the figures and the JSON result into `out`; returns their paths."""
+    o = Path(out)
+    o.mkdir(parents=True, exist_ok=True)
+    summary = derive(result)
+    files: dict[str, str] = {}
+    if plots:
+        result["figures"] = plot_figures(result, summary, o)
+        files.update(result["figures"])
+    md = format_markdown(result, summary)
+    (o / "report.md").write_text(md + "\n", encoding="utf-8")
+    files["report"] = str(o / "report.md")
+    (o / "result.json").write_text(json.dumps(_jsonable(result), indent=1) + "\n", encoding="utf-8")
+    files["json"] = str(o / "result.json")
+    return files

@@ -1,0 +1,301 @@
+"""An embedded cluster on loopback: `ramgrid.local(servers=N)` starts N server processes and stops them on exit.
+
+Each server is `python -m ramgrid._serve --listen 127.0.0.1:0 ...` (the Rust server inside the native module), so
+the package needs no separate binary. Cleanup is layered so no server outlives its owner: `close()` / the context
+manager, a weakref finalizer that also runs at interpreter exit, and a watchdog inside each server process that
+shuts it down when its parent process dies (e.g. killed with SIGKILL, where no Python cleanup can run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ramgrid.exceptions import RamgridError, ServerStartError
+from ramgrid.grid import Grid, GridConfig, client_for, release_client
+
+__all__ = ["LocalGrid", "ServerProcess", "local", "start_servers", "stop_processes"]
+
+_LISTEN_LINE = re.compile(rb"ramgrid-server listening on (\S+)")
+PARENT_PID_ENV = "RAMGRID_PARENT_PID"
+# Environment the servers read that must not leak from the user's shell into an embedded cluster.
+_SCRUBBED_ENV = (
+    "RAMGRID_LISTEN",
+    "RAMGRID_THREADS",
+    "RAMGRID_MEMORY",
+    "RAMGRID_TABLE_MEMORY",
+    "RAMGRID_CLUSTER_SPEC",
+    "RAMGRID_TOKEN",
+)
+
+
+class ServerProcess:
+    """One started server: its process, address and log files."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], stdout_path: Path, stderr_path: Path) -> None:
+        self.proc = proc
+        self.stdout_path = stdout_path
+        self.stderr_path = stderr_path
+        self.address: str | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stderr_tail(self, limit: int = 4000) -> str:
+        try:
+            data = self.stderr_path.read_bytes()
+        except OSError:
+            return ""
+        return data[-limit:].decode("utf-8", "replace").strip()
+
+
+def _package_root() -> str:
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def server_env(token: str | None, parent_watch: bool) -> dict[str, str]:
+    """The environment for a server process: the package importable from where this one was imported, the token in
+    the environment rather than on the command line (where `ps` shows it), and the parent pid to watch."""
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
+    root = _package_root()
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if token is not None:
+        env["RAMGRID_TOKEN"] = token
+    if parent_watch:
+        env[PARENT_PID_ENV] = str(os.getpid())
+    else:
+        env.pop(PARENT_PID_ENV, None)
+    return env
+
+
+def start_servers(
+    n: int,
+    *,
+    memory: str = "256MiB",
+    threads: int = 1,
+    token: str | None = None,
+    log_dir: Path,
+    parent_watch: bool = True,
+    start_timeout: float = 30.0,
+    extra_args: Sequence[str] = (),
+) -> list[ServerProcess]:
+    """Starts `n` servers on loopback ports chosen by the OS and waits for each one's listening line.
+
+    Raises ServerStartError (after stopping the ones that did start) if a server exits or says nothing in time.
+    """
+    if n < 1:
+        raise ValueError("a cluster needs at least one server")
+    if threads < 1:
+        raise ValueError("threads must be >= 1")
+    env = server_env(token, parent_watch)
+    args = [sys.executable, "-m", "ramgrid._serve", "--listen", "127.0.0.1:0", "--threads", str(threads)]
+    args += ["--table-memory", str(memory), *extra_args]
+    started: list[ServerProcess] = []
+    # The children keep their own copies of the log descriptors; ours close when the servers have started.
+    with contextlib.ExitStack() as files:
+        try:
+            _spawn_all(n, args, env, log_dir, files, started)
+            deadline = time.monotonic() + start_timeout
+            for i, sp in enumerate(started):
+                sp.address = _wait_listening(sp, i, deadline, start_timeout)
+        except BaseException:
+            stop_processes([sp.proc for sp in started], grace=2.0)
+            raise
+    return started
+
+
+def _spawn_all(
+    n: int,
+    args: list[str],
+    env: dict[str, str],
+    log_dir: Path,
+    files: contextlib.ExitStack,
+    started: list[ServerProcess],
+) -> None:
+    for i in range(n):
+        out_path, err_path = log_dir / f"server{i}.out", log_dir / f"server{i}.err"
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=files.enter_context(open(out_path, "wb")),  # noqa: SIM115 - closed by the ExitStack
+            stderr=files.enter_context(open(err_path, "wb")),  # noqa: SIM115 - closed by the ExitStack
+            env=env,
+            close_fds=True,
+            # Own session: a Ctrl-C in the terminal reaches the owner, which then stops the servers in order,
+            # instead of killing the servers under a still-running job.
+            start_new_session=True,
+        )
+        started.append(ServerProcess(proc, out_path, err_path))
+
+
+def _wait_listening(sp: ServerProcess, i: int, deadline: float, start_timeout: float) -> str:
+    delay = 0.005
+    while True:
+        try:
+            m = _LISTEN_LINE.search(sp.stdout_path.read_bytes())
+        except OSError:
+            m = None
+        if m:
+            return m.group(1).decode()
+        rc = sp.proc.poll()
+        if rc is not None:
+            raise ServerStartError(
+                f"ramgrid server {i} (pid {sp.pid}) exited with status {rc} before listening; stderr:\n"
+                f"{sp.stderr_tail() or '(empty)'}"
+            )
+        if time.monotonic() > deadline:
+            raise ServerStartError(
+                f"ramgrid server {i} (pid {sp.pid}) did not print its listening line within {start_timeout:.0f} s; "
+                f"stderr:\n{sp.stderr_tail() or '(empty)'}"
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def stop_processes(procs: Sequence[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
+    """SIGTERM every live process, wait up to `grace` seconds in all, then SIGKILL the rest. Reaps them all."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _finalize(procs: list[subprocess.Popen[bytes]], config: GridConfig, tmpdir: str | None, pid: int) -> None:
+    # A forked child inherits the LocalGrid object but not the servers: only the creating process stops them.
+    if os.getpid() != pid:
+        return
+    with contextlib.suppress(RamgridError):  # servers may be gone already; stopping them matters more
+        release_client(config)
+    stop_processes(procs)
+    if tmpdir:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+class LocalGrid(Grid):
+    """A `Grid` whose servers this process started on loopback. Stops them on `close()`, on leaving a `with`
+    block, when garbage-collected, and at interpreter exit. Pickles as a plain `Grid` (the processes stay here)."""
+
+    def __init__(
+        self,
+        servers: int = 3,
+        memory: str = "256MiB",
+        threads: int = 1,
+        token: str | None = None,
+        *,
+        timeout: float = 5.0,
+        ack: str = "all",
+        near_cache_bytes: int = 0,
+        start_timeout: float = 30.0,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        tmpdir = tempfile.mkdtemp(prefix="ramgrid-local-")
+        try:
+            self._servers = start_servers(
+                servers,
+                memory=memory,
+                threads=threads,
+                token=token,
+                log_dir=Path(tmpdir),
+                start_timeout=start_timeout,
+                extra_args=extra_args,
+            )
+        except BaseException:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+            raise
+        self._tmpdir = tmpdir
+        addresses = tuple(str(sp.address) for sp in self._servers)
+        config = GridConfig(servers=addresses, token=token, timeout=timeout, ack=ack, near_cache_bytes=near_cache_bytes)
+        super().__init__(config)
+        procs = [sp.proc for sp in self._servers]
+        self._finalizer = weakref.finalize(self, _finalize, procs, config, tmpdir, os.getpid())
+        try:
+            client_for(config).push_spec()
+        except BaseException:
+            self._finalizer()
+            raise
+
+    @property
+    def addresses(self) -> list[str]:
+        """Server addresses, in spec order."""
+        return list(self._config.servers)
+
+    @property
+    def spec(self) -> str:
+        """The cluster spec as a comma-separated string (for `ramgrid.connect`, RAMGRID_SPEC or `--spec`)."""
+        return ",".join(self._config.servers)
+
+    @property
+    def pids(self) -> list[int]:
+        return [sp.pid for sp in self._servers]
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def _client(self) -> Any:
+        if not self._finalizer.alive:
+            from ramgrid.exceptions import RamgridError
+
+            raise RamgridError("this local grid is closed")
+        return client_for(self._config)
+
+    def kill(self, i: int) -> None:
+        """Kills server `i` with SIGKILL (for failure tests); the spec is unchanged, so its partitions fail over."""
+        p = self._servers[i].proc
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+    def alive(self) -> list[bool]:
+        """Which servers are still running."""
+        return [sp.proc.poll() is None for sp in self._servers]
+
+    def server_stderr(self, i: int) -> str:
+        """The end of server `i`'s stderr (while the grid is open)."""
+        return self._servers[i].stderr_tail()
+
+    def close(self) -> None:
+        """Closes connections and stops every server (SIGTERM, then SIGKILL after 5 s)."""
+        self._finalizer()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "running"
+        return f"LocalGrid({list(self._config.servers)!r}, {state})"
+
+
+def local(
+    servers: int = 3,
+    memory: str = "256MiB",
+    threads: int = 1,
+    token: str | None = None,
+    **options: Any,
+) -> LocalGrid:
+    """Starts an embedded cluster of `servers` processes on loopback and returns its grid handle.
+
+    `memory` is each server's table memory (e.g. "256MiB"); `threads` its worker threads; `token`, if given, is
+    required from clients (the returned handle presents it). Other keyword options: timeout, ack,
+    near_cache_bytes, start_timeout, extra_args (more ramgrid-server flags). Use it as a context manager, or
+    call `close()`; it is also cleaned up at exit.
+    """
+    return LocalGrid(servers, memory, threads, token, **options)

@@ -1,0 +1,87 @@
+"""Servers killed with SIGKILL: replicated tables keep answering in full; unreplicated ones name what is lost."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+pytest.importorskip(
+    "ramgrid._native", reason="ramgrid._native is not importable: build it with `maturin develop --release`"
+)
+
+import ramgrid
+from ramgrid import _native
+from ramgrid.exceptions import PartitionsUnavailable
+
+pytestmark = pytest.mark.timeout(90)
+
+N_KEYS = 20_000
+PARTITIONS = 32
+
+
+def test_replicated_reads_survive_a_kill_mid_run() -> None:
+    with ramgrid.local(servers=3, memory="64MiB", timeout=2.0) as g:
+        t = g.create_table("rep", partitions=PARTITIONS, replication=2, value_type="f64")
+        keys = np.arange(N_KEYS, dtype=np.int64)
+        vals = keys * 0.5
+        t.put_many(keys, vals)
+        rounds_after_kill = 20
+        killed = threading.Event()
+        errors: list[BaseException] = []
+        done_rounds = [0, 0]  # before, after the kill
+
+        def reader() -> None:
+            try:
+                after = 0
+                for _ in range(2000):  # bounded even if the kill never comes
+                    got = t.get_many(keys)
+                    np.testing.assert_array_equal(got, vals)
+                    if killed.is_set():
+                        after += 1
+                        if after >= rounds_after_kill:
+                            break
+                    else:
+                        done_rounds[0] += 1
+                done_rounds[1] = after
+            except BaseException as e:  # noqa: BLE001 - anything the reader hits is re-raised by the main thread
+                errors.append(e)
+
+        th = threading.Thread(target=reader)
+        th.start()
+        while done_rounds[0] < 3 and th.is_alive():
+            th.join(0.01)
+        g.kill(1)
+        killed.set()
+        th.join(60)
+        assert not th.is_alive()
+        assert not errors, errors[0]
+        assert done_rounds[1] == rounds_after_kill
+        assert g.alive() == [True, False, True]
+        # A fresh batch through a fresh connection pool also gets everything.
+        np.testing.assert_array_equal(ramgrid.connect(g.spec, timeout=2.0).table("rep").get_many(keys), vals)
+
+
+def test_unreplicated_reads_name_the_lost_partitions() -> None:
+    with ramgrid.local(servers=3, memory="64MiB", timeout=2.0) as g:
+        t = g.create_table("single", partitions=PARTITIONS, replication=1, value_type="i64")
+        keys = np.arange(3000, dtype=np.int64)
+        t.put_many(keys, keys)
+        g.kill(2)
+        with pytest.raises(PartitionsUnavailable) as e:
+            t.get_many(keys)
+        lost = set(e.value.partitions)
+        assert lost and lost <= set(range(PARTITIONS)) and len(lost) < PARTITIONS
+        assert str(min(lost)) in str(e.value)
+        part = np.array([_native.partition_of(int(k), PARTITIONS) for k in keys])
+        assert set(part.tolist()) >= lost  # the keys really fall in the lost partitions
+        alive = keys[~np.isin(part, list(lost))]
+        dead = keys[np.isin(part, list(lost))]
+        assert len(alive) and len(dead)
+        # Keys of surviving partitions are served; keys of lost ones never come back as silent misses.
+        assert t.get_many(alive).tolist() == alive.tolist()
+        with pytest.raises(PartitionsUnavailable):
+            t.lookup(dead[:10])
+        with pytest.raises(PartitionsUnavailable):
+            t.put_many(dead[:10], dead[:10])
