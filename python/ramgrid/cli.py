@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("stats", "print every server's counters as JSON")
 
     sub.add_parser("bench", help="run benchmarks/native_batch.py --quick (extra arguments are passed on)")
+    sub.add_parser("load", help="load a TSV/text/CSV/Parquet file or directory into a table as a new version (`ramgrid load --help`)")
+    sub.add_parser("demo", help="run a demo: `ramgrid demo lm [options]` is the language-model experiment (`ramgrid demo lm --help`)")
     return p
 
 
@@ -358,6 +360,15 @@ def cmd_bench(extra: Sequence[str]) -> int:
     return subprocess.call([sys.executable, str(script), "--quick", *extra])
 
 
+def cmd_demo(argv: Sequence[str]) -> int:
+    """`ramgrid demo lm ...`: the reference experiment (score a corpus with a unigram model held in the grid)."""
+    if not argv or argv[0] != "lm":
+        raise CliError("usage: ramgrid demo lm [options]  (the only demo is `lm`)")
+    from ramgrid.lm.__main__ import demo_main
+
+    return int(demo_main(list(argv[1:])))
+
+
 def cmd_serve(argv: Sequence[str]) -> int:
     from ramgrid._serve import main as serve_main
 
@@ -372,6 +383,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_serve(args_list[1:])
     if args_list and args_list[0] == "bench":
         return _run(lambda: cmd_bench(args_list[1:]))
+    if args_list and args_list[0] == "load":
+        from ramgrid.load import load_main
+
+        return load_main(args_list[1:])
+    if args_list and args_list[0] == "demo":
+        return _run(lambda: cmd_demo(args_list[1:]))
     parser = build_parser()
     args = parser.parse_args(args_list)
     if args.command == "serve":  # only reached when options came before `serve`

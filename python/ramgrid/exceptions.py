@@ -79,6 +79,28 @@ except ImportError:  # the binding is not built: same names, same hierarchy
             self.failures = []
 
 
+class LoadError(RamgridError, ValueError):
+    """A load stopped on bad input. `path` is the file, `line` the 1-based line (the row for Parquet) or None when
+    the problem is not tied to one line, `reason` what was wrong. Nothing of the load became visible."""
+
+    def __init__(self, message: str, path: str | None = None, line: int | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
+        self.reason = reason or message
+
+    @classmethod
+    def at(cls, path: str, line: int | None, reason: str, what: str = "line") -> LoadError:
+        message = f"{path}: {reason}" if line is None else f"{path}: {what} {line}: {reason}"
+        return cls(message, path, line, reason)
+
+    def __reduce__(self) -> Any:  # crosses process boundaries (Dask workers) with its attributes
+        return (type(self), (str(self.args[0]) if self.args else "", self.path, self.line, self.reason))
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class ServerStartError(RamgridError):
     """A local server process did not start (its exit status and stderr are in the message)."""
 
@@ -115,6 +137,7 @@ __all__ = [
     "BatchError",
     "ConnectionFailed",
     "KeysNotFound",
+    "LoadError",
     "OutOfMemory",
     "PartitionsUnavailable",
     "ProtocolError",

@@ -403,6 +403,13 @@ class Table(_Reader):
             raise ValueError(f"versions are numbered from 1, got {v}")
         return PinnedTable(self._grid, self.name, v)
 
+    def load(self, path: Any, **options: Any) -> Any:
+        """Loads a file or directory into this table as a new version (see `ramgrid.load.load_table` for the options);
+        the new version becomes current only when every task succeeded. Returns a `LoadReport`."""
+        from ramgrid.load import table_load
+
+        return table_load(self, path, **options)
+
     def new_version(self) -> VersionWriter:
         """Context manager for loading a new version: writes go to a fresh open version; on normal exit it is sealed
         and made current on every server at once; on an exception it is dropped and the previous version stays

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 
 import numpy as np
 
-from ramgrid.exceptions import BatchError, RamgridError, TableNotFound
+from ramgrid.exceptions import BatchError, LoadError, RamgridError, TableNotFound
 from ramgrid.grid import Grid, Table, VersionWriter, _put, client_for
 
 if TYPE_CHECKING:
@@ -63,28 +63,6 @@ _MAX_BAD_SAMPLES = 10
 _GZIP_MAGIC = b"\x1f\x8b"
 # The client refuses a whole batch with a longer key, so such a key is caught here, as a bad line.
 MAX_KEY_BYTES = 65535
-
-
-class LoadError(RamgridError, ValueError):
-    """A load stopped on bad input. `path` is the file, `line` the 1-based line (the row for Parquet) or None when
-    the problem is not tied to one line, `reason` what was wrong. Nothing of the load became visible."""
-
-    def __init__(self, message: str, path: str | None = None, line: int | None = None, reason: str = "") -> None:
-        super().__init__(message)
-        self.path = path
-        self.line = line
-        self.reason = reason or message
-
-    @classmethod
-    def at(cls, path: str, line: int | None, reason: str, what: str = "line") -> LoadError:
-        message = f"{path}: {reason}" if line is None else f"{path}: {what} {line}: {reason}"
-        return cls(message, path, line, reason)
-
-    def __reduce__(self) -> Any:  # crosses process boundaries (Dask workers) with its attributes
-        return (type(self), (str(self.args[0]) if self.args else "", self.path, self.line, self.reason))
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
 
 @dataclass

@@ -174,7 +174,9 @@ def _open_corpus(path: Path) -> Any:
         f.close()
         raise CorpusError(f"corpus {path} cannot be read: {e.strerror or e}") from None
     if magic == _GZIP_MAGIC:
-        return gzip.GzipFile(fileobj=f, mode="rb")
+        # GzipFile does not close a file object it was given, so it opens the path itself.
+        f.close()
+        return gzip.open(path, "rb")
     return f
 
 

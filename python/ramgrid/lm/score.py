@@ -50,6 +50,7 @@ __all__ = [
     "reference_scores",
     "run_scoring",
     "score_slice",
+    "score_to_file",
     "write_scores",
 ]
 
@@ -273,6 +274,7 @@ def _score_slice(sl: CorpusSlice, mode: str, source: Source, model: dict[str, fl
         "keys": keys_sent,
         "lookup_s": ns / 1e9,
         "task_s": time.perf_counter() - t_start,
+        "ended_at": time.time(),  # wall clock, to order tasks against events in the driver (same machine)
         "worker_pid": os.getpid(),
     }
 
@@ -361,7 +363,11 @@ def run_scoring(
         wall_s=wall,
         tasks=len(rs),
         scores=scores,
-        extra={"task_s_sum": sum(r["task_s"] for r in rs), "workers_used": len({r["worker_pid"] for r in rs})},
+        extra={
+            "task_s_sum": sum(r["task_s"] for r in rs),
+            "workers_used": len({r["worker_pid"] for r in rs}),
+            "task_ended_at": [r["ended_at"] for r in rs],
+        },
     )
 
 
@@ -386,3 +392,15 @@ def write_scores(path: str | os.PathLike[str], scores: np.ndarray) -> Path:
         np.savez(f, sentence_id=np.arange(scores.size, dtype=np.int64), score=scores)
     os.replace(tmp, p)
     return p
+
+
+def score_to_file(
+    client: Client, corpus: StagedCorpus, mode: str, source: Source, path: str | os.PathLike[str], **kwargs: Any
+) -> RunResult:
+    """Runs the scoring job and writes its (sentence id, score) pairs to `path` (see `write_scores`) only when every
+    task succeeded. A file already at `path` is removed first, so a failed job never leaves scores that look like
+    its own. Keyword arguments go to `run_scoring`."""
+    Path(path).unlink(missing_ok=True)
+    result = run_scoring(client, corpus, mode, source, **kwargs)
+    write_scores(path, result.scores)
+    return result

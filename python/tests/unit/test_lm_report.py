@@ -1,0 +1,100 @@
+"""The experiment's report: the paper's throughput definitions, ratios to the peers, and the files it writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ramgrid.lm.report import derive, format_markdown, write_report
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _run(
+    servers: Any, system: str, mode: str, wall: float, lookups: int = 1000, sentences: int = 100
+) -> dict[str, Any]:
+    return {
+        "servers": servers,
+        "system": system,
+        "mode": mode,
+        "sentences": sentences,
+        "tokens": 1000,
+        "lookups": 0 if mode == "noop" else lookups,
+        "calls": 10,
+        "keys": 500,
+        "lookup_s": 0.5,
+        "wall_s": wall,
+        "tasks": 4,
+        "extra": {},
+    }
+
+
+def _result() -> dict[str, Any]:
+    runs = []
+    for n in (1, 2):
+        runs += [
+            _run(n, "noop", "noop", 0.5),
+            _run(n, "memcached", "per-token", 10.5),
+            _run(n, "memcached", "per-partition", 2.5),
+            _run(n, "ramgrid", "per-partition", 0.75),
+        ]
+    runs.append(_run(None, "dict", "per-partition", 0.6))
+    return {
+        "command": "ramgrid demo lm --test",
+        "config": {"workers": 2},
+        "machine": {"cpu_count": 2},
+        "corpus": {"description": "unit", "lines": 100, "tokens": 1000},
+        "model": {"smoothing": "mle"},
+        "workloads": {"full": 100, "per_token": 100, "per_sentence": 100},
+        "runs": runs,
+        "loads": [{"servers": 2, "system": "ramgrid", "load_s": 0.1, "what": "x"}],
+        "distribution": [
+            {"servers": 2, "system": "ramgrid", "items": [40, 60], "how": "map"},
+            {"servers": 2, "system": "memcached", "items": [55, 45], "how": "stats"},
+        ],
+        "timings_s": {},
+    }
+
+
+def test_paper_throughput_subtracts_noop_and_ratios_use_the_same_server_count() -> None:
+    result = _result()
+    summary = derive(result)
+    rg = next(r for r in summary["rows"] if r["system"] == "ramgrid" and r["servers"] == 2)
+    assert rg["noop_s"] == 0.5
+    assert rg["throughput_paper"] == pytest.approx(1000 / 0.25)
+    assert rg["throughput_e2e"] == pytest.approx(1000 / 0.75)
+    assert rg["avg_latency_s"] == pytest.approx(0.5 / 1000)
+    assert rg["x_memcached_same_mode"] == pytest.approx(2.5 / 0.75)
+    assert rg["x_memcached_per_token"] == pytest.approx(10.5 / 0.75)
+    assert rg["x_dict"] == pytest.approx(0.6 / 0.75)
+    t = summary["targets"][-1]
+    assert t["servers"] == 2 and not t["meets_2M"] and not t["meets_10x_memcached"] and t["meets_0.3x_dict"]
+    d = next(r for r in summary["rows"] if r["system"] == "dict")
+    assert d["noop_s"] == 0.5  # the dict runs once; it is measured against the first server count's NoOp
+
+
+def test_markdown_has_the_papers_columns() -> None:
+    result = _result()
+    md = format_markdown(result, derive(result))
+    for col in ("Servers", "Running time", "Σ latency", "Avg. latency", "NoOp", "Throughput (paper)"):
+        assert col in md
+    assert "ramgrid demo lm --test" in md
+    assert "40, 60 (40.0%, 60.0%)" in md
+
+
+def test_write_report_writes_markdown_json_and_figures(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install matplotlib)")
+    files = write_report(_result(), tmp_path)
+    assert {Path(p).name for p in files.values()} == {
+        "report.md",
+        "result.json",
+        "fig5_latency_throughput.png",
+        "fig6_key_distribution.png",
+    }
+    for p in files.values():
+        assert Path(p).stat().st_size > 0
+    data = json.loads((tmp_path / "result.json").read_text())
+    assert data["summary"]["targets"][0]["servers"] == 1
+    assert (tmp_path / "fig5_latency_throughput.png").read_bytes()[:4] == b"\x89PNG"
