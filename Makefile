@@ -28,7 +28,10 @@ develop: setup ## Build the Python package's native module (release) into the ve
 build: ## Build release binaries (target/release/ramgrid-server, ramgrid-bench)
 	$(CARGO) build --release -p ramgrid-server -p ramgrid-bench
 
-demo: develop build ## Main job: start ramgrid and memcached, run the load generator against both, print the comparison
+demo: develop build ## Main job: the language-model experiment on an embedded local grid (out/lm: table, plots, JSON)
+	$(VENV)/bin/ramgrid demo lm --out out/lm
+
+compare: setup build ## Quick ramgrid vs memcached comparison under the same load generator
 	$(PY) benchmarks/memcached_compare.py --quick
 
 test: develop build ## All default tests: Rust unit/property/conformance (ramgrid and real memcached), Python tests
@@ -49,4 +52,4 @@ fuzz: ## Short cargo-fuzz run of every parser (needs nightly + cargo-fuzz)
 clean: ## Remove build outputs and the venv
 	$(CARGO) clean; rm -rf $(VENV)
 
-.PHONY: help setup develop build demo test lint bench fuzz clean
+.PHONY: help setup develop build demo compare test lint bench fuzz clean

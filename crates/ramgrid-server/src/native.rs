@@ -257,6 +257,19 @@ fn wire_key_status(s: u8) -> wire::KeyStatus {
     }
 }
 
+// The GET reply copies the store's status bytes as they are; they must mean what the wire's do.
+// Checked at compile time.
+const _: () = {
+    use wire::KeyStatus as W;
+    use StoreKeyStatus as S;
+    assert!(S::Ok as u8 == W::Ok as u8);
+    assert!(S::NotFound as u8 == W::NotFound as u8);
+    assert!(S::KeyTooLarge as u8 == W::KeyTooLarge as u8);
+    assert!(S::ValueTooLarge as u8 == W::ValueTooLarge as u8);
+    assert!(S::WrongType as u8 == W::WrongType as u8);
+    assert!(S::OutOfMemory as u8 == W::OutOfMemory as u8);
+};
+
 /// Maps a store error to the frame-level refusal the protocol defines.
 fn refusal(e: &StoreError) -> ErrorReply {
     let status = match e {
@@ -433,40 +446,21 @@ impl Conn {
                 check_held(&tv, b.groups.iter().map(|g| g.partition))?;
                 self.status.clear();
                 self.values.clear();
-                for g in b.groups.iter() {
-                    tv.get_batch(g.partition, g.keys, &mut self.status, &mut self.values)
-                        .map_err(|e| refusal(&e))?;
-                }
-                let (vt, version) = (tv.value_type(), tv.version());
-                let wvt = wire_value_type(vt);
-                let mut w = GetReplyWriter::begin(out, id, version, wvt, self.status.len())
-                    .map_err(|e| ErrorReply::new(Status::Internal, e.to_string()))?;
-                let mut off = 0usize;
+                // One call for the whole frame: its lookups share one prefetching pipeline
+                // whatever the number of partitions (a group per partition holds few keys).
+                tv.get_groups(
+                    b.groups.iter().map(|g| (g.partition, g.keys)),
+                    &mut self.status,
+                    &mut self.values,
+                )
+                .map_err(|e| refusal(&e))?;
                 let enc = |e: FrameError| ErrorReply::new(Status::Internal, e.to_string());
-                for &s in &self.status {
-                    match vt.packed_width() {
-                        Some(width) => {
-                            if s == StoreKeyStatus::Ok as u8 {
-                                w.push_hit(&self.values[off..off + width]).map_err(enc)?;
-                            } else {
-                                w.push_status(wire_key_status(s)).map_err(enc)?;
-                            }
-                            off += width;
-                        }
-                        None => {
-                            if s == StoreKeyStatus::Ok as u8 {
-                                let len = u32::from_le_bytes(
-                                    self.values[off..off + 4].try_into().unwrap_or_default(),
-                                ) as usize;
-                                w.push_hit(&self.values[off + 4..off + 4 + len])
-                                    .map_err(enc)?;
-                                off += 4 + len;
-                            } else {
-                                w.push_status(wire_key_status(s)).map_err(enc)?;
-                            }
-                        }
-                    }
-                }
+                let wvt = wire_value_type(tv.value_type());
+                let mut w = GetReplyWriter::begin(out, id, tv.version(), wvt, self.status.len())
+                    .map_err(enc)?;
+                // The store's packed layout is the wire's (7.2) and its status bytes are the
+                // wire's (checked at compile time next to `refusal`), so the reply is two copies.
+                w.push_packed(&self.status, &self.values).map_err(enc)?;
                 w.finish().map_err(enc)
             }
             Request::Put(p) => {

@@ -29,9 +29,12 @@
 //!
 //! # Cost per key
 //!
-//! Batch lookups go through the keys in groups and prefetch each step of the lookup for the whole
-//! group (see `partition.rs`), so a batch into a table far larger than the CPU caches pays for
-//! overlapping cache misses, not one miss after another; nothing allocates per key.
+//! Batch lookups go through the keys in windows and prefetch each step of the lookup for the whole
+//! window (see `partition.rs`), so a batch into a table far larger than the CPU caches pays for
+//! overlapping cache misses, not one miss after another; nothing allocates per key. A window may
+//! mix partitions: [`TableVersion::get_groups`] runs a whole request, spread over any number of
+//! partitions, through one pipeline. A request of 100 keys over 64 partitions is 1-2 keys per
+//! partition, too few for a per-partition pipeline to overlap anything.
 //!
 //! # Partitions
 //!
@@ -48,7 +51,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::RwLock;
+use parking_lot::{RwLock, RwLockReadGuard};
 
 use crate::{Error, Result};
 use partition::{key_hash, Meter, PartData};
@@ -208,6 +211,9 @@ struct PartSlot {
     open: RwLock<Option<PartData>>,
     frozen: OnceLock<PartData>,
 }
+
+/// A read lock on an open partition, held by [`TableVersion::get_groups`].
+type OpenGuard<'a> = RwLockReadGuard<'a, Option<PartData>>;
 
 impl PartSlot {
     fn read<R>(&self, f: impl FnOnce(&PartData) -> R) -> R {
@@ -398,9 +404,105 @@ impl TableVersion {
         status: &mut Vec<u8>,
         values: &mut Vec<u8>,
     ) -> Result<()> {
-        self.slot(partition)?
-            .read(|data| data.get_packed(keys, MAX_KEY_LEN, status, values));
+        let value_type = self.value_type();
+        self.slot(partition)?.read(|data| {
+            let keys = keys.into_iter();
+            let expected = keys.size_hint().0;
+            partition::get_packed(
+                keys.map(|k| (data, k)),
+                value_type,
+                expected,
+                MAX_KEY_LEN,
+                status,
+                values,
+            )
+        });
         Ok(())
+    }
+
+    /// Look up a whole request's keys, given as `(partition, keys)` groups, appending exactly
+    /// what [`TableVersion::get_batch`] on each group in turn would append (one status byte per
+    /// key in request order, values packed as described there). Every partition is checked
+    /// first: on `Err` (out of range, not held) nothing was appended.
+    ///
+    /// Unlike a `get_batch` per group, the lookups of all groups go through one prefetching
+    /// pipeline, so a request spread over many partitions with a key or two each overlaps its
+    /// cache misses as well as one big group does. The groups are walked twice (check, then
+    /// read), hence `Clone`. Partitions of an OPEN version are read-locked for the whole call,
+    /// all at once, in ascending partition order (writers take one partition lock at a time, so
+    /// this cannot deadlock); sealed partitions need no lock. Nothing allocates per key; an open
+    /// version costs one allocation per call for its lock guards.
+    pub fn get_groups<'k, G, K>(
+        &self,
+        groups: G,
+        status: &mut Vec<u8>,
+        values: &mut Vec<u8>,
+    ) -> Result<()>
+    where
+        G: IntoIterator<Item = (u32, K)> + Clone,
+        K: IntoIterator<Item = &'k [u8]>,
+    {
+        let mut expected = 0usize;
+        for (partition, keys) in groups.clone() {
+            self.slot(partition)?;
+            expected = expected.saturating_add(keys.into_iter().size_hint().0);
+        }
+        let locked = self.lock_open(groups.clone());
+        let part = |partition: u32| -> &PartData {
+            let slot = &self.version.parts[partition as usize];
+            if let Some(d) = slot.frozen.get() {
+                return d;
+            }
+            // Not frozen now, so it was not frozen when `lock_open` looked either, and it cannot
+            // be frozen while we hold its read lock: it is among the guards, holding data.
+            let at = locked
+                .binary_search_by_key(&partition, |&(p, _)| p)
+                .expect("every partition open at lock time is locked");
+            locked[at]
+                .1
+                .as_ref()
+                .expect("a held read lock keeps the partition open")
+        };
+        let items = groups.into_iter().flat_map(|(partition, keys)| {
+            let data = part(partition);
+            keys.into_iter().map(move |k| (data, k))
+        });
+        partition::get_packed(
+            items,
+            self.value_type(),
+            expected,
+            MAX_KEY_LEN,
+            status,
+            values,
+        );
+        Ok(())
+    }
+
+    /// Read-lock every distinct partition of `groups` that is not sealed, in ascending order;
+    /// returns the guards sorted by partition. Empty (and no allocation) for a sealed version.
+    /// A partition found sealed once its lock is taken keeps no guard: its data is frozen.
+    fn lock_open<G, K>(&self, groups: G) -> Vec<(u32, OpenGuard<'_>)>
+    where
+        G: IntoIterator<Item = (u32, K)>,
+    {
+        if self.is_sealed() {
+            // Sealing sets the flag only after every partition is frozen.
+            return Vec::new();
+        }
+        let parts = &self.version.parts;
+        let mut open: Vec<u32> = groups
+            .into_iter()
+            .map(|(p, _)| p)
+            .filter(|&p| parts[p as usize].frozen.get().is_none())
+            .collect();
+        open.sort_unstable();
+        open.dedup();
+        open.into_iter()
+            .filter_map(|p| {
+                let guard = parts[p as usize].open.read();
+                guard.is_some().then_some((p, guard))
+            })
+            .collect()
     }
 
     /// Run `f` with exclusive access to one partition of an OPEN version.

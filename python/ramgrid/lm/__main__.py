@@ -7,9 +7,10 @@ beside memcached and a dict, and writes Table 1, Figures 5 and 6 and a JSON resu
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 __all__ = ["build_parser", "demo_main"]
 
@@ -38,7 +39,7 @@ def _servers(s: str) -> tuple[int, ...]:
     return v
 
 
-def _names(allowed: Sequence[str]) -> object:
+def _names(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
     def parse(s: str) -> tuple[str, ...]:
         v = tuple(x.strip() for x in s.split(",") if x.strip())
         bad = [x for x in v if x not in allowed]
@@ -181,6 +182,7 @@ def demo_main(argv: Sequence[str] | None = None, prog: str = "ramgrid demo lm") 
         work_dir=args.work_dir,
         write_scores=not args.no_scores,
         argv=args_list,
+        command=shlex.join([*prog.split(), *args_list]),
     )
     t0 = time.perf_counter()
     try:

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from ramgrid.exceptions import RamgridError
+
 __all__ = [
     "MAX_TOKEN_CHARS",
     "CorpusError",
@@ -44,7 +46,7 @@ _BLOCK = 4 << 20  # bytes read per step while staging; also about the size of on
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-class CorpusError(Exception):
+class CorpusError(RamgridError, ValueError):
     """The corpus cannot be used: missing, unreadable, not gzip where it claims to be, or empty."""
 
 

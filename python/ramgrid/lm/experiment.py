@@ -19,7 +19,9 @@ import contextlib
 import logging
 import os
 import platform
+import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ramgrid.exceptions import RamgridError
 from ramgrid.lm.corpus import StagedCorpus, sample_wordfreq_sentences, stage_corpus, stage_sentences
 from ramgrid.lm.model import UNK_KEY, LanguageModel, Smoothing, count_model, load_into_grid
 from ramgrid.lm.peers import (
@@ -50,7 +53,7 @@ PEERS = ("ramgrid", "near", "memcached", "dict")
 TABLE = "unigram_lm"
 
 
-class ExperimentError(RuntimeError):
+class ExperimentError(RamgridError):
     """The experiment found a result it cannot stand behind (e.g. two modes disagreeing on a score)."""
 
 
@@ -83,6 +86,7 @@ class ExperimentConfig:
     work_dir: str | None = None
     write_scores: bool = True
     argv: list[str] = field(default_factory=list)
+    command: str = ""  # how it was started, for the report (demo_main fills it in)
 
 
 def _say(quiet: bool, msg: str) -> None:
@@ -127,6 +131,13 @@ def machine_info() -> dict[str, Any]:
     import ramgrid
 
     info["ramgrid"] = ramgrid.__version__
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        repo = Path(ramgrid.__file__).resolve().parents[2]
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10, check=False
+        )
+        if out.returncode == 0:
+            info["commit"] = out.stdout.strip()
     info["memcached"] = memcached_version()
     with contextlib.suppress(ImportError):
         import dask
@@ -272,7 +283,7 @@ def run_experiment(cfg: ExperimentConfig, *, quiet: bool = False) -> dict[str, A
         _say(quiet, "note: " + notes[-1])
     smoothing = Smoothing(cfg.smoothing, cfg.k)
     result: dict[str, Any] = {
-        "command": " ".join(["ramgrid demo lm", *cfg.argv]),
+        "command": cfg.command or shlex.join(["ramgrid demo lm", *cfg.argv]),
         "argv": list(cfg.argv),
         "config": asdict(cfg),
         "machine": machine_info(),
@@ -397,6 +408,8 @@ def run_experiment(cfg: ExperimentConfig, *, quiet: bool = False) -> dict[str, A
                     for mode in ("per-token", "per-partition"):
                         if mode in cfg.modes or mode == "per-partition":
                             runner.run(None, "dict", mode, src, wl.for_mode(mode), model=dict_future)
+            with contextlib.suppress(OSError):
+                result["machine"]["load_average_at_end"] = list(os.getloadavg())
             result["runs"] = runner.records
             result["loads"] = loads
             result["distribution"] = distribution

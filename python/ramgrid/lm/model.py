@@ -9,8 +9,8 @@ Probabilities are natural logarithms (ln, base e) of:
   to one.
 
 The job: map tasks tokenise line ranges of the staged corpus and count tokens, splitting their counts into R buckets
-by a stable hash of the token (Python's own str hash differs between worker processes); R reduce tasks merge one
-bucket each; then R load tasks turn counts into log probabilities and write them, in parallel, into one open version
+by a stable hash of the token (Python's own str hash differs between worker processes) that they spill to files;
+R reduce tasks merge one bucket each; then R load tasks turn counts into log probabilities and write them, in parallel, into one open version
 of the table, together with the unknown-word entry under `UNK_KEY`. The version is sealed and made current only when
 every load task succeeded, so a failed load never becomes visible.
 """
@@ -18,10 +18,15 @@ every load task succeeded, so a failed load never becomes visible.
 from __future__ import annotations
 
 import math
+import os
+import pickle
+import shutil
+import tempfile
 import time
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -116,19 +121,13 @@ def count_slice(sl: Any, buckets: int) -> tuple[CountStats, list[dict[str, int]]
 def _count_slice(sl: Any, buckets: int) -> tuple[CountStats, list[dict[str, int]]]:
     lines, replaced = decode_lines(read_slice(sl))
     sents, dropped = tokenize_lines(lines)
-    counts: Counter[str] = Counter()
-    empty = 0
-    for s in sents:
-        if s:
-            counts.update(s)
-        else:
-            empty += 1
+    counts: Counter[str] = Counter(chain.from_iterable(sents))
     stats = CountStats(
         lines=len(lines),
         tokens=sum(map(len, sents)),
         dropped_long_tokens=dropped,
         replaced_lines=replaced,
-        empty_lines=empty,
+        empty_lines=sum(1 for s in sents if not s),
     )
     parts: list[dict[str, int]] = [{} for _ in range(buckets)]
     if buckets == 1:
@@ -139,19 +138,29 @@ def _count_slice(sl: Any, buckets: int) -> tuple[CountStats, list[dict[str, int]
     return stats, parts
 
 
-def _pick(result: tuple[CountStats, list[dict[str, int]]], r: int) -> dict[str, int]:
-    return result[1][r]
+def _map_to_files(sl: Any, buckets: int, spill: str, index: int) -> tuple[CountStats, list[str]]:
+    """Map task of the job: counts a slice and writes bucket r to `spill`/map-INDEX-rR.pkl (the shuffle goes
+    through local files, as Hadoop's does, rather than through the Dask scheduler)."""
+    stats, parts = count_slice(sl, buckets)
+    paths = []
+    for r, part in enumerate(parts):
+        path = os.path.join(spill, f"map-{index:05d}-r{r:03d}.pkl")
+        with open(path, "wb") as f:
+            pickle.dump(part, f, protocol=pickle.HIGHEST_PROTOCOL)
+        paths.append(path)
+    return stats, paths
 
 
-def _stats_of(result: tuple[CountStats, list[dict[str, int]]]) -> CountStats:
-    return result[0]
+def _merge_files(paths: list[str]) -> dict[str, int]:
+    """Reduce task: one bucket's counts from every map task's file (each file is removed once read)."""
+    from ramgrid.lm.score import _gc_paused
 
-
-def _merge(*parts: dict[str, int]) -> dict[str, int]:
-    """Reduce task: one bucket's counts from every map task."""
     merged: Counter[str] = Counter()
-    for p in parts:
-        merged.update(p)
+    with _gc_paused():
+        for path in paths:
+            with open(path, "rb") as f:
+                merged.update(pickle.load(f))
+            os.remove(path)
     return dict(merged)
 
 
@@ -222,17 +231,28 @@ class LanguageModel:
 
 
 def count_job(client: Client, corpus: StagedCorpus, lines_per_task: int, buckets: int) -> tuple[CountStats, list[Any]]:
-    """Runs the map and reduce stages; returns the corpus statistics and one future of merged counts per bucket."""
+    """Runs the map and reduce stages; returns the corpus statistics and one future of merged counts per bucket.
+
+    Map outputs are spilled next to the staged corpus (workers and driver share the file system, as they do for the
+    corpus itself) and removed as the reduce tasks read them."""
     workers = max(1, len(client.scheduler_info().get("workers", {})))
     tasks = split_tasks(corpus.lines, lines_per_task, 2 * workers)
     slices = [corpus.slice(a, n) for a, n in tasks]
-    maps = client.map(count_slice, slices, buckets=buckets, pure=False)
-    stats_f = client.map(_stats_of, maps, pure=False)
-    picked = [[client.submit(_pick, m, r, pure=False) for m in maps] for r in range(buckets)]
-    merged = [client.submit(_merge, *col, pure=False) for col in picked]
-    stats = CountStats()
-    for s in client.gather(stats_f):
-        stats.add(s)
+    spill = tempfile.mkdtemp(prefix="shuffle-", dir=os.path.dirname(os.path.abspath(corpus.directory)))
+    try:
+        maps = client.map(
+            _map_to_files, slices, [buckets] * len(slices), [spill] * len(slices), range(len(slices)), pure=False
+        )
+        stats = CountStats()
+        files: list[list[str]] = [[] for _ in range(buckets)]
+        for st, paths in client.gather(maps):
+            stats.add(st)
+            for r, path in enumerate(paths):
+                files[r].append(path)
+        merged = client.map(_merge_files, files, pure=False)
+        client.gather(client.map(len, merged, pure=False))  # every spill file read before the directory goes
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
     return stats, merged
 
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from ramgrid.exceptions import RamgridError
+
 __all__ = [
     "HASHERS",
     "MEMCACHED_BATCH",
@@ -45,7 +47,7 @@ _SET_BATCH = 5_000
 _clients: dict[tuple[tuple[tuple[str, int], ...], str], Any] = {}
 
 
-class MemcachedError(RuntimeError):
+class MemcachedError(RamgridError):
     """memcached is missing, would not start, or lost data it was given."""
 
 

@@ -94,9 +94,9 @@ def derive(result: dict[str, Any]) -> dict[str, Any]:
         mc_same = find(s, "memcached", r["mode"]) if s is not None else None
         mc_tok = find(s, "memcached", "per-token") if s is not None else None
         d = dict_rows.get(r["mode"]) or dict_rows.get("per-partition")
-        r["x_memcached_same_mode"] = _div(r["throughput_e2e"], mc_same and mc_same["throughput_e2e"])
-        r["x_memcached_per_token"] = _div(r["throughput_e2e"], mc_tok and mc_tok["throughput_e2e"])
-        r["x_dict"] = _div(r["throughput_e2e"], d and d["throughput_e2e"])
+        r["x_memcached_same_mode"] = _div(r["throughput_e2e"], mc_same["throughput_e2e"] if mc_same else None)
+        r["x_memcached_per_token"] = _div(r["throughput_e2e"], mc_tok["throughput_e2e"] if mc_tok else None)
+        r["x_dict"] = _div(r["throughput_e2e"], d["throughput_e2e"] if d else None)
     servers = sorted({r["servers"] for r in rows if r["servers"] is not None})
     targets = []
     for s in servers:
@@ -106,8 +106,8 @@ def derive(result: dict[str, Any]) -> dict[str, Any]:
         if rg is None:
             continue
         e2e = rg["throughput_e2e"]
-        vs_mc = _div(e2e, mc and mc["throughput_e2e"])
-        vs_d = _div(e2e, d and d["throughput_e2e"])
+        vs_mc = _div(e2e, mc["throughput_e2e"] if mc else None)
+        vs_d = _div(e2e, d["throughput_e2e"] if d else None)
         targets.append(
             {
                 "servers": s,
@@ -124,8 +124,8 @@ def derive(result: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def _div(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None or b == 0:
+def _div(a: float | None, b: Any) -> float | None:
+    if a is None or not isinstance(b, (int, float)) or b == 0:
         return None
     return a / b
 
@@ -139,12 +139,20 @@ def _sorted_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=key)
 
 
+def _load_note(machine: dict[str, Any]) -> str:
+    a, b = machine.get("load_average_at_start"), machine.get("load_average_at_end")
+    if not a or not b:
+        return ""
+    return f" Load average (1 min) {a[0]:.1f} at the start, {b[0]:.1f} at the end."
+
+
 def format_markdown(result: dict[str, Any], summary: dict[str, Any]) -> str:
     corpus = result.get("corpus", {})
     model = result.get("model", {})
     machine = result.get("machine", {})
     lines = ["# Unigram language-model scoring: ramgrid vs memcached vs a dict (after Lin et al., Table 1)", ""]
-    lines.append(f"Command: `{result.get('command', '')}`")
+    commit = machine.get("commit")
+    lines.append(f"Command: `{result.get('command', '')}`" + (f" (commit {commit})" if commit else ""))
     lines.append("")
     lines.append(
         f"Corpus: {corpus.get('description', '?')}. {corpus.get('lines', 0):,} sentences, "
@@ -161,7 +169,7 @@ def format_markdown(result: dict[str, Any], summary: dict[str, Any]) -> str:
         f"Machine: {machine.get('cpu_count')} cores ({machine.get('cpu_model', '?')}), "
         f"{machine.get('memory_gib', '?')} GiB; {machine.get('memcached', '?')}; Python {machine.get('python')}; "
         f"Dask {machine.get('distributed', '?')}, {result.get('config', {}).get('workers')} worker processes. "
-        "Servers, Dask workers and the driver share these cores."
+        "Servers, Dask workers and the driver share these cores." + _load_note(machine)
     )
     cfg = result.get("config", {})
     if result.get("memcached_command"):
@@ -178,6 +186,8 @@ def format_markdown(result: dict[str, Any], summary: dict[str, Any]) -> str:
         f"{wl.get('per_sentence', 0):,}, per-partition and the dict on all {wl.get('full', 0):,}. "
         "NoOp is measured on each workload."
     )
+    if int(cfg.get("repeat") or 1) > 1:
+        lines.append(f"Each run was repeated {cfg['repeat']} times; the tables show the run with the median time.")
     for note in result.get("notes", []):
         lines.append(f"Note: {note}.")
     lines.append("")

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ramgrid.exceptions import RamgridError
 from ramgrid.lm.corpus import CorpusSlice, StagedCorpus, decode_lines, read_slice, split_tasks, tokenize_lines
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ NOOP_VALUE = -1.0
 _GRID_BATCH = 250_000  # keys per get_many: bounds the size of one request frame
 
 
-class LookupFailed(RuntimeError):
+class LookupFailed(RamgridError):
     """A scoring task could not look its tokens up. Crosses from the Dask worker to the driver by pickling."""
 
     def __init__(self, message: str, partitions: list[int] | None = None) -> None:
@@ -71,7 +72,7 @@ class LookupFailed(RuntimeError):
         return (LookupFailed, (str(self.args[0]) if self.args else "", self.partitions))
 
 
-class ScoringFailed(RuntimeError):
+class ScoringFailed(RamgridError):
     """The scoring job failed; no scores were written. `partitions` names the grid partitions that had no live
     replica, when that was the cause."""
 
@@ -259,8 +260,6 @@ def _score_slice(sl: CorpusSlice, mode: str, source: Source, model: dict[str, fl
     except LookupFailed:
         raise
     except Exception as e:  # every lookup failure is reported the same way, with where it happened
-        from ramgrid.exceptions import RamgridError
-
         if isinstance(e, (RamgridError, OSError)) or type(e).__module__.startswith("pymemcache"):
             raise _describe_failure(e, source, sl) from None
         raise

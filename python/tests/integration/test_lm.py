@@ -271,3 +271,17 @@ def test_demo_main_on_sampled_sentences_writes_the_report(tmp_path: Path, capsys
     assert [t["servers"] for t in res["summary"]["targets"]] == [2]
     scores = np.load(out / "scores.npz")
     assert scores["score"].shape == (1500,) and (scores["score"] < 0).all()
+
+
+def test_lm_score_example_runs() -> None:
+    import subprocess
+    import sys
+
+    args = [sys.executable, str(REPO_ROOT / "examples" / "lm_score.py"), "--servers", "2", "--max-sentences", "2000"]
+    if LM1B.exists():
+        args += ["--corpus", str(LM1B)]
+    else:
+        pytest.importorskip("wordfreq", reason="neither the shared lm1b corpus nor wordfreq is available")
+    out = subprocess.run(args, capture_output=True, text=True, timeout=100, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "scored 2,000 sentences" in out.stdout and "least likely" in out.stdout

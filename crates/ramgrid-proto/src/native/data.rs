@@ -959,6 +959,52 @@ impl<'o> GetReplyWriter<'o> {
         self.push_status(KeyStatus::NotFound)
     }
 
+    /// Answers the next `statuses.len()` keys at once, from buffers already in the 7.2 layout:
+    /// one [`KeyStatus`] byte per key, and `values` holding `width` bytes per key (all zero unless
+    /// the key is OK) for fixed-width types, or `u32 LE length + bytes` per OK key for bytes. This
+    /// is what a store's batch lookup produces, so a server copies two slices instead of pushing
+    /// key by key. Both buffers are checked whole first: on error nothing was written.
+    pub fn push_packed(&mut self, statuses: &[u8], values: &[u8]) -> Result<(), FrameError> {
+        if statuses.len() > self.n - self.i {
+            return Err(FrameError::Encode("more answers than keys"));
+        }
+        check_key_statuses(statuses).map_err(|_| FrameError::Encode("key status"))?;
+        let ok = KeyStatus::Ok as u8;
+        match self.width {
+            Some(w) => {
+                if statuses.len().checked_mul(w) != Some(values.len()) {
+                    return Err(FrameError::Encode("value width"));
+                }
+                let stray = w > 0
+                    && statuses
+                        .iter()
+                        .zip(values.chunks_exact(w))
+                        .any(|(&s, v)| s != ok && v.iter().any(|&b| b != 0));
+                if stray {
+                    return Err(FrameError::Encode("value of a key that is not OK"));
+                }
+            }
+            None => {
+                let mut at = 0usize;
+                for _ in statuses.iter().filter(|&&s| s == ok) {
+                    let len = values
+                        .get(at..at + 4)
+                        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+                        .ok_or(FrameError::Encode("values do not match the statuses"))?;
+                    at = at + 4 + len;
+                }
+                if at != values.len() {
+                    return Err(FrameError::Encode("values do not match the statuses"));
+                }
+            }
+        }
+        let at = self.statuses_at + self.i;
+        self.p.out[at..at + statuses.len()].copy_from_slice(statuses);
+        self.p.out.extend_from_slice(values);
+        self.i += statuses.len();
+        Ok(())
+    }
+
     /// Completes the frame; every key must have been answered.
     pub fn finish(self) -> Result<(), FrameError> {
         if self.i != self.n {
@@ -1062,5 +1108,83 @@ impl<'o> KeyStatusWriter<'o> {
             return Err(FrameError::Encode("fewer answers than keys"));
         }
         self.p.finish()
+    }
+}
+
+#[cfg(test)]
+mod push_packed_tests {
+    use super::super::frame::parse_frame;
+    use super::super::message::Response;
+    use super::*;
+
+    /// The reply built key by key, for comparison.
+    fn one_by_one(vt: ValueType, answers: &[Option<&[u8]>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut w = GetReplyWriter::begin(&mut out, 9, 3, vt, answers.len()).unwrap();
+        for a in answers {
+            match a {
+                Some(v) => w.push_hit(v).unwrap(),
+                None => w.push_status(KeyStatus::KeyTooLarge).unwrap(),
+            }
+        }
+        w.finish().unwrap();
+        out
+    }
+
+    #[test]
+    fn push_packed_writes_what_pushing_key_by_key_writes() {
+        let (a, b) = (1.5f64.to_le_bytes(), (-2.0f64).to_le_bytes());
+        let want = one_by_one(ValueType::F64, &[Some(&a), None, Some(&b)]);
+        let mut values = a.to_vec();
+        values.extend_from_slice(&[0; 8]);
+        values.extend_from_slice(&b);
+        let mut out = Vec::new();
+        let mut w = GetReplyWriter::begin(&mut out, 9, 3, ValueType::F64, 3).unwrap();
+        // In two calls, to show the answers follow on from each other.
+        w.push_packed(&[0, 2], &values[..16]).unwrap();
+        w.push_packed(&[0], &values[16..]).unwrap();
+        w.finish().unwrap();
+        assert_eq!(out, want);
+
+        let want = one_by_one(ValueType::Bytes, &[Some(b"xy"), None, Some(b"")]);
+        let mut out = Vec::new();
+        let mut w = GetReplyWriter::begin(&mut out, 9, 3, ValueType::Bytes, 3).unwrap();
+        w.push_packed(&[0, 2, 0], b"\x02\0\0\0xy\0\0\0\0").unwrap();
+        w.finish().unwrap();
+        assert_eq!(out, want);
+        let (f, _) = parse_frame(&out, 1 << 20).unwrap();
+        let Response::Get(reply) = Response::decode(&f).unwrap() else {
+            panic!("not a get reply")
+        };
+        assert_eq!(reply.len(), 3);
+    }
+
+    #[test]
+    fn push_packed_refuses_inconsistent_buffers_and_writes_nothing() {
+        let mut out = b"prior".to_vec();
+        {
+            let mut w = GetReplyWriter::begin(&mut out, 1, 1, ValueType::I64, 2).unwrap();
+            let snapshot = w.p.out.clone();
+            for (st, vals) in [
+                (&[0u8, 0, 0][..], &[0u8; 24][..]), // more answers than keys
+                (&[0, 6][..], &[0; 16][..]),         // no such status
+                (&[0, 1][..], &[0; 15][..]),         // short values
+                (&[0, 1][..], &[0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0][..]), // miss with a value
+            ] {
+                assert!(w.push_packed(st, vals).is_err(), "{st:?}");
+                assert_eq!(*w.p.out, snapshot);
+                assert_eq!(w.i, 0);
+            }
+            w.push_packed(&[1], &[0; 8]).unwrap();
+            assert!(w.push_hit(&[0; 8]).is_ok());
+            w.finish().unwrap();
+        }
+        let mut w = GetReplyWriter::begin(&mut out, 1, 1, ValueType::Bytes, 2).unwrap();
+        assert!(w.push_packed(&[0, 0], b"\x01\0\0\0a\x05\0\0\0").is_err()); // runs past the end
+        assert!(w.push_packed(&[0, 1], b"\x01\0\0\0ab").is_err()); // trailing bytes
+        assert!(w.push_packed(&[0, 1], b"\x01\0\0").is_err()); // truncated length
+        assert_eq!(w.i, 0);
+        w.push_packed(&[0, 1], b"\x01\0\0\0a").unwrap();
+        w.finish().unwrap();
     }
 }

@@ -25,7 +25,7 @@ use super::{KeyStatus, ValueRef, ValueType};
 /// and for reproducible benchmarks); it is not the partitioning function.
 const SEED: u64 = 0x7261_6d67_7269_6421;
 
-/// Keys looked up together by [`PartData::lookup_many`]: enough misses in flight to cover a
+/// Keys looked up together by [`lookup_many`]: enough misses in flight to cover a
 /// memory latency of ~200 ns (as on a virtual machine), few enough that the lines stay in L1.
 const GROUP: usize = 64;
 
@@ -368,137 +368,38 @@ impl PartData {
         }
     }
 
-    /// Append the packed result of looking up each key: one status byte per key to `status`, and
-    /// to `values` 8 LE bytes per key for i64/f64 (zeros on a miss), `dim * 4` LE bytes per key for
-    /// f32 vectors (zeros on a miss), and `u32 LE length + bytes` per hit for bytes tables.
-    pub(crate) fn get_packed<'k>(
-        &self,
-        keys: impl IntoIterator<Item = &'k [u8]>,
-        max_key: usize,
-        status: &mut Vec<u8>,
-        values: &mut Vec<u8>,
-    ) {
-        let keys = keys.into_iter();
-        let n = keys.size_hint().0;
-        status.reserve(n);
-        // The column type is matched once per batch; each arm is a tight per-key loop.
+    /// The i64 column; every partition of a table has the table's column type.
+    #[inline]
+    fn i64s(&self) -> &[i64] {
         match &self.col {
-            Column::I64(col) => {
-                values.reserve(n * 8);
-                self.lookup_many(keys, max_key, |found| {
-                    let (st, v) = match found {
-                        Ok(i) => (KeyStatus::Ok, col[i]),
-                        Err(st) => (st, 0),
-                    };
-                    status.push(st as u8);
-                    values.extend_from_slice(&v.to_le_bytes());
-                });
-            }
-            Column::F64(col) => {
-                values.reserve(n * 8);
-                self.lookup_many(keys, max_key, |found| {
-                    let (st, v) = match found {
-                        Ok(i) => (KeyStatus::Ok, col[i]),
-                        Err(st) => (st, 0.0),
-                    };
-                    status.push(st as u8);
-                    values.extend_from_slice(&v.to_le_bytes());
-                });
-            }
-            Column::F32 { dim, data } => {
-                let dim = *dim;
-                values.reserve(n * dim * 4);
-                self.lookup_many(keys, max_key, |found| {
-                    let start = values.len();
-                    values.resize(start + dim * 4, 0);
-                    match found {
-                        Ok(i) => {
-                            status.push(KeyStatus::Ok as u8);
-                            let src = &data[i * dim..(i + 1) * dim];
-                            for (dst, x) in values[start..].chunks_exact_mut(4).zip(src) {
-                                dst.copy_from_slice(&x.to_le_bytes());
-                            }
-                        }
-                        Err(st) => status.push(st as u8),
-                    }
-                });
-            }
-            Column::Bytes { arena, offs, .. } => {
-                self.lookup_many(keys, max_key, |found| match found {
-                    Ok(i) => {
-                        status.push(KeyStatus::Ok as u8);
-                        values.extend_from_slice(record_at(arena, offs[i]));
-                    }
-                    Err(st) => status.push(st as u8),
-                });
-            }
+            Column::I64(v) => v,
+            _ => unreachable!("partitions of one table share its value type"),
         }
     }
 
-    /// Look up every key and call `emit` with its entry number (or why there is none), in key
-    /// order. Keys go through in groups of [`GROUP`] and four passes, each prefetching what the
-    /// next pass reads (bucket -> key record -> value), so the cache misses of a whole group
-    /// overlap instead of running one after another. That is what makes
-    /// a lookup in a table much larger than the CPU caches cost tens of ns, not hundreds.
     #[inline]
-    fn lookup_many<'k>(
-        &self,
-        keys: impl Iterator<Item = &'k [u8]>,
-        max_key: usize,
-        mut emit: impl FnMut(Result<usize, KeyStatus>),
-    ) {
-        let mut keys = keys.peekable();
-        let mut group: [&[u8]; GROUP] = [&[]; GROUP];
-        let mut hashes = [0u64; GROUP];
-        let mut cand = [Candidate::Absent; GROUP];
-        let mut entry = [0usize; GROUP];
-        while keys.peek().is_some() {
-            let mut len = 0;
-            for key in keys.by_ref().take(GROUP) {
-                group[len] = key;
-                len += 1;
-            }
-            // Pass 1: hash; prefetch the home buckets.
-            for j in 0..len {
-                if group[j].len() <= max_key {
-                    hashes[j] = key_hash(group[j]);
-                    self.index.prefetch(hashes[j]);
-                }
-            }
-            // Pass 2: the buckets have arrived; take the first place whose tag matches (no key
-            // compare yet, so no dependent miss) and prefetch its key record.
-            for j in 0..len {
-                cand[j] = if group[j].len() <= max_key {
-                    self.index.first_candidate(hashes[j])
-                } else {
-                    Candidate::Absent
-                };
-                if let Candidate::Slot(c) = cand[j] {
-                    prefetch(self.keys.as_ptr().wrapping_add(c as usize * 4));
-                }
-            }
-            // Pass 3: the records have arrived; prefetch the values of their entries.
-            for j in 0..len {
-                if let Candidate::Slot(c) = cand[j] {
-                    entry[j] = entry_at(&self.keys, c);
-                    self.prefetch_value(entry[j]);
-                }
-            }
-            // Pass 4: confirm. A wrong or unsure candidate (another key with the same 16-bit tag,
-            // or a key that spilled out of its home bucket) falls back to a full probe.
-            for j in 0..len {
-                let key = group[j];
-                let found = if key.len() > max_key {
-                    Err(KeyStatus::KeyTooLarge)
-                } else {
-                    match cand[j] {
-                        Candidate::Absent => Err(KeyStatus::NotFound),
-                        Candidate::Slot(c) if key_at(&self.keys, c) == key => Ok(entry[j]),
-                        _ => self.find(key, hashes[j]).ok_or(KeyStatus::NotFound),
-                    }
-                };
-                emit(found);
-            }
+    fn f64s(&self) -> &[f64] {
+        match &self.col {
+            Column::F64(v) => v,
+            _ => unreachable!("partitions of one table share its value type"),
+        }
+    }
+
+    /// The f32 vector of entry `i`.
+    #[inline]
+    fn f32s(&self, i: usize) -> &[f32] {
+        match &self.col {
+            Column::F32 { dim, data } => &data[i * dim..(i + 1) * dim],
+            _ => unreachable!("partitions of one table share its value type"),
+        }
+    }
+
+    /// The bytes record (`u32 LE length + bytes`) of entry `i`.
+    #[inline]
+    fn bytes_record(&self, i: usize) -> &[u8] {
+        match &self.col {
+            Column::Bytes { arena, offs, .. } => record_at(arena, offs[i]),
+            _ => unreachable!("partitions of one table share its value type"),
         }
     }
 
@@ -531,7 +432,7 @@ impl PartData {
     }
 
     /// [`PartData::put`] for each pair, in order, calling `emit` with each status. Like
-    /// [`PartData::get_packed`], keys go in groups whose index buckets and key records are
+    /// [`get_packed`], keys go in groups whose index buckets and key records are
     /// prefetched first, so the random reads of a group overlap.
     pub(crate) fn put_many<'k, 'v>(
         &mut self,
@@ -915,5 +816,155 @@ impl PartData {
         let keys = &self.keys;
         self.index.shrink_to_fit(|s| key_hash(key_at(keys, s)));
         self.settle(0);
+    }
+}
+
+/// Append the packed result of looking up each `(partition, key)`, in order: one status byte per
+/// key to `status`, and to `values` 8 LE bytes per key for i64/f64 (zeros on a miss), `dim * 4` LE
+/// bytes per key for f32 vectors (zeros on a miss), and `u32 LE length + bytes` per hit for bytes
+/// tables. Every partition must be of `value_type`. The keys may come from any number of
+/// partitions: the pipeline of [`lookup_many`] runs over all of them, so a request whose keys are
+/// spread thinly over many partitions overlaps its cache misses as well as one that is not.
+/// `expected` (the number of keys, if known) only sizes the buffers.
+pub(crate) fn get_packed<'d, 'k>(
+    items: impl Iterator<Item = (&'d PartData, &'k [u8])>,
+    value_type: ValueType,
+    expected: usize,
+    max_key: usize,
+    status: &mut Vec<u8>,
+    values: &mut Vec<u8>,
+) {
+    status.reserve(expected);
+    // The value type is matched once per batch; each arm is a tight per-key loop.
+    match value_type {
+        ValueType::I64 => {
+            values.reserve(expected * 8);
+            lookup_many(items, max_key, |d, found| {
+                let (st, v) = match found {
+                    Ok(i) => (KeyStatus::Ok, d.i64s()[i]),
+                    Err(st) => (st, 0),
+                };
+                status.push(st as u8);
+                values.extend_from_slice(&v.to_le_bytes());
+            });
+        }
+        ValueType::F64 => {
+            values.reserve(expected * 8);
+            lookup_many(items, max_key, |d, found| {
+                let (st, v) = match found {
+                    Ok(i) => (KeyStatus::Ok, d.f64s()[i]),
+                    Err(st) => (st, 0.0),
+                };
+                status.push(st as u8);
+                values.extend_from_slice(&v.to_le_bytes());
+            });
+        }
+        ValueType::F32Vec { dim } => {
+            let width = dim as usize * 4;
+            values.reserve(expected * width);
+            lookup_many(items, max_key, |d, found| {
+                let start = values.len();
+                values.resize(start + width, 0);
+                match found {
+                    Ok(i) => {
+                        status.push(KeyStatus::Ok as u8);
+                        for (dst, x) in values[start..].chunks_exact_mut(4).zip(d.f32s(i)) {
+                            dst.copy_from_slice(&x.to_le_bytes());
+                        }
+                    }
+                    Err(st) => status.push(st as u8),
+                }
+            });
+        }
+        ValueType::Bytes => {
+            lookup_many(items, max_key, |d, found| match found {
+                Ok(i) => {
+                    status.push(KeyStatus::Ok as u8);
+                    values.extend_from_slice(d.bytes_record(i));
+                }
+                Err(st) => status.push(st as u8),
+            });
+        }
+    }
+}
+
+/// Look up every `(partition, key)` and call `emit` with the partition and the key's entry number
+/// in it (or why there is none), in order. Keys go through in windows of [`GROUP`] and four
+/// passes, each prefetching what the next pass reads (bucket -> key record -> value), so the cache
+/// misses of a whole window overlap instead of running one after another. That is what makes a
+/// lookup in a table much larger than the CPU caches cost tens of ns, not hundreds. A window may
+/// mix partitions freely: each key carries its own.
+#[inline]
+fn lookup_many<'d, 'k>(
+    items: impl Iterator<Item = (&'d PartData, &'k [u8])>,
+    max_key: usize,
+    mut emit: impl FnMut(&'d PartData, Result<usize, KeyStatus>),
+) {
+    let mut items = items.peekable();
+    // The arrays need some partition to start from; any will do, every slot is overwritten
+    // before it is read.
+    let Some(&(first, _)) = items.peek() else {
+        return;
+    };
+    let mut parts: [&PartData; GROUP] = [first; GROUP];
+    let mut group: [&[u8]; GROUP] = [&[]; GROUP];
+    let mut hashes = [0u64; GROUP];
+    let mut cand = [Candidate::Absent; GROUP];
+    let mut entry = [0usize; GROUP];
+    loop {
+        let mut len = 0;
+        for (d, key) in items.by_ref().take(GROUP) {
+            parts[len] = d;
+            group[len] = key;
+            len += 1;
+        }
+        if len == 0 {
+            return;
+        }
+        // Pass 1: hash; prefetch the home buckets.
+        for j in 0..len {
+            if group[j].len() <= max_key {
+                hashes[j] = key_hash(group[j]);
+                parts[j].index.prefetch(hashes[j]);
+            }
+        }
+        // Pass 2: the buckets have arrived; take the first place whose tag matches (no key
+        // compare yet, so no dependent miss) and prefetch its key record.
+        for j in 0..len {
+            let d = parts[j];
+            cand[j] = if group[j].len() <= max_key {
+                d.index.first_candidate(hashes[j])
+            } else {
+                Candidate::Absent
+            };
+            if let Candidate::Slot(c) = cand[j] {
+                prefetch(d.keys.as_ptr().wrapping_add(c as usize * 4));
+            }
+        }
+        // Pass 3: the records have arrived; prefetch the values of their entries.
+        for j in 0..len {
+            if let Candidate::Slot(c) = cand[j] {
+                entry[j] = entry_at(&parts[j].keys, c);
+                parts[j].prefetch_value(entry[j]);
+            }
+        }
+        // Pass 4: confirm. A wrong or unsure candidate (another key with the same 16-bit tag,
+        // or a key that spilled out of its home bucket) falls back to a full probe.
+        for j in 0..len {
+            let (d, key) = (parts[j], group[j]);
+            let found = if key.len() > max_key {
+                Err(KeyStatus::KeyTooLarge)
+            } else {
+                match cand[j] {
+                    Candidate::Absent => Err(KeyStatus::NotFound),
+                    Candidate::Slot(c) if key_at(&d.keys, c) == key => Ok(entry[j]),
+                    _ => d.find(key, hashes[j]).ok_or(KeyStatus::NotFound),
+                }
+            };
+            emit(d, found);
+        }
+        if len < GROUP {
+            return;
+        }
     }
 }
