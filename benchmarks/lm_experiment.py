@@ -14,6 +14,7 @@ about speed. It takes about a quarter of an hour on a 2-core machine; for a deve
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,11 +24,17 @@ sys.path.insert(0, str(ROOT / "python"))  # a checkout runs without installing t
 
 from ramgrid.lm.__main__ import demo_main
 
+
+def _shown(p: Path) -> str:
+    """Relative to the repository root when run from there, so a recorded command reads the same on any machine."""
+    return os.path.relpath(p) if Path.cwd().resolve() == ROOT else str(p)
+
+
 DEFAULTS = {
-    "--corpus": str(ROOT.parent / "shared" / "data" / "enwiki-2015-sentences.txt.gz"),
+    "--corpus": _shown(ROOT.parent / "shared" / "data" / "enwiki-2015-sentences.txt.gz"),
     "--per-token-sentences": "5000",
     "--per-sentence-sentences": "100000",
-    "--out": str(ROOT / "benchmarks" / "results" / "lm_experiment"),
+    "--out": _shown(ROOT / "benchmarks" / "results" / "lm_experiment"),
 }
 
 

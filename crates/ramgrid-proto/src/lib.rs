@@ -3,6 +3,6 @@
 
 #![warn(missing_docs)]
 
+pub mod cluster;
 pub mod memcache;
 pub mod native;
-pub mod cluster;

@@ -85,6 +85,9 @@ pub enum ParseError {
 ///
 /// The line end is found first and nothing is allocated; for storage commands the data block is
 /// checked to have fully arrived before a request is returned.
-pub fn parse_request<'a>(buf: &'a [u8], limits: &Limits) -> Result<(Request<'a>, usize), ParseError> {
+pub fn parse_request<'a>(
+    buf: &'a [u8],
+    limits: &Limits,
+) -> Result<(Request<'a>, usize), ParseError> {
     parse::parse(buf, limits)
 }

@@ -412,13 +412,22 @@ fn meta_get(cache: &Cache, meta: &Meta<'_>, stats: &WorkerStats, out: &mut Vec<u
     let opts = GetOptions {
         touch: flags.ttl().map(|t| cache.exptime_from_protocol(t)),
         vivify: flags.vivify().map(|t| cache.exptime_from_protocol(t)),
+        vivify_cas: flags.new_cas(),
         no_bump: flags.has(b'u'),
     };
     let now = cache.clock().now();
     // The closure runs under the shard lock; `ttl_remaining` only reads the clock.
-    let found = cache.get_with(&key, opts, |hit| {
-        write_mg_hit(cache, hit, flags, binary, now, out)
-    });
+    let write = |hit: &GetHit<'_>| write_mg_hit(cache, hit, flags, binary, now, out);
+    let found = match flags.recache() {
+        // R<secs>: a hit with less TTL left than this hands out the win token (W).
+        Some(r) => cache.get_with_recache(
+            &key,
+            opts,
+            u32::try_from(r.max(0)).unwrap_or(u32::MAX),
+            write,
+        ),
+        None => cache.get_with(&key, opts, write),
+    };
     if found.is_some() {
         if flags.ttl().is_some() {
             WorkerStats::add(&stats.cmd_touch, 1);
@@ -502,6 +511,10 @@ fn meta_set(cache: &Cache, meta: &Meta<'_>, data: &[u8], stats: &WorkerStats, ou
     let compare = flags.compare_cas();
     // A CAS turns set and replace into cas; add ignores it; append and prepend check it first.
     let (mode, cas_mode) = match (mode, compare) {
+        // I with C: an older token still stores, marking the item stale.
+        (SetMode::Set | SetMode::Replace, Some(c)) if flags.has(b'I') => {
+            (SetMode::CasStale(c), true)
+        }
         (SetMode::Set | SetMode::Replace, Some(c)) => (SetMode::Cas(c), true),
         (SetMode::Append | SetMode::Prepend, Some(_)) => (mode, true),
         _ => (mode, false),
@@ -596,12 +609,13 @@ fn meta_arith(cache: &Cache, meta: &Meta<'_>, stats: &WorkerStats, out: &mut Vec
     let autoviv = flags
         .vivify()
         .map(|n| (flags.initial().unwrap_or(0), cache.exptime_from_protocol(n)));
-    let result = cache.arith(
+    let result = cache.arith_with_cas(
         &key,
         incr,
         flags.delta().unwrap_or(1),
         flags.compare_cas(),
         autoviv,
+        flags.new_cas(),
     );
     let (value, cas) = match result {
         Ok(ArithOutcome::Value(value, cas)) => (value, cas),

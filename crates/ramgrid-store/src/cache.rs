@@ -136,6 +136,9 @@ pub enum SetMode {
     Prepend,
     /// Store only if present and its CAS equals this token.
     Cas(u64),
+    /// Meta `ms C<token> I`: like [`SetMode::Cas`], except that a token OLDER than the item's
+    /// CAS still stores, and the item is then marked stale (its win token free), as memcached does.
+    CasStale(u64),
 }
 
 /// Outcome of a write.
@@ -202,6 +205,8 @@ pub struct GetOptions {
     /// On a miss, create an empty item (flags 0) with this absolute exptime and hand this caller
     /// the win token (mg `N`).
     pub vivify: Option<u32>,
+    /// The CAS a vivified item gets (mg `N` with `E<cas>`); `None` draws a fresh one.
+    pub vivify_cas: Option<u64>,
     /// Do not mark the item accessed/fetched and do not update last access (mg without bump, or `stats`-style peeks).
     pub no_bump: bool,
 }
@@ -403,12 +408,20 @@ impl Cache {
                 (SetMode::Replace | SetMode::Append | SetMode::Prepend, None) => {
                     return Ok(Step::Done(StoreOutcome::NotStored))
                 }
-                (SetMode::Cas(_), None) => return Ok(Step::Done(StoreOutcome::NotFound)),
+                (SetMode::Cas(_) | SetMode::CasStale(_), None) => {
+                    return Ok(Step::Done(StoreOutcome::NotFound))
+                }
                 (SetMode::Cas(token), Some(i)) if sh.item(i).cas != token => {
+                    return Ok(Step::Done(StoreOutcome::Exists))
+                }
+                (SetMode::CasStale(token), Some(i)) if sh.item(i).cas < token => {
                     return Ok(Step::Done(StoreOutcome::Exists))
                 }
                 _ => {}
             }
+            // An older token under CasStale stores, but as a stale item.
+            let mark_stale =
+                matches!((mode, existing), (SetMode::CasStale(token), Some(i)) if token < sh.item(i).cas);
             let combined = matches!(mode, SetMode::Append | SetMode::Prepend);
             let new_len = key.len() + value.len() + if combined { old_len.unwrap_or(0) } else { 0 };
             if this.too_large(new_len) {
@@ -437,8 +450,9 @@ impl Cache {
                     item.cas = cas;
                     item.seq = seq;
                     item.last_access = at.now;
-                    // A rewrite of a known key counts as a use; the write also ends stale/vivified state.
-                    item.bits = ACCESSED;
+                    // A rewrite of a known key counts as a use; the write also ends stale/vivified state
+                    // (unless it is itself a stale write).
+                    item.bits = if mark_stale { ACCESSED | STALE } else { ACCESSED };
                     let exptime = item.exptime;
                     sh.note_exptime(exptime);
                     sh.resized(old_data_len, new_len);
@@ -494,6 +508,20 @@ impl Cache {
         cas: Option<u64>,
         autoviv: Option<(u64, u32)>,
     ) -> Result<ArithOutcome> {
+        self.arith_with_cas(key, incr, delta, cas, autoviv, None)
+    }
+
+    /// [`Cache::arith`] with an explicit CAS for the written item (meta `ma E<cas>`); `None` draws
+    /// a fresh one.
+    pub fn arith_with_cas(
+        &self,
+        key: &[u8],
+        incr: bool,
+        delta: u64,
+        cas: Option<u64>,
+        autoviv: Option<(u64, u32)>,
+        cas_in: Option<u64>,
+    ) -> Result<ArithOutcome> {
         if key.len() > MAX_KEY_LEN {
             return Err(Error::TooLarge);
         }
@@ -512,12 +540,13 @@ impl Cache {
                     return Ok(Step::NeedMemory(short));
                 }
                 let seq = this.next_seq();
+                let new_cas = cas_in.unwrap_or(seq);
                 sh.insert(
                     hash,
-                    Item::new(key, &[digits], 0, exptime, seq, seq, at.now),
+                    Item::new(key, &[digits], 0, exptime, new_cas, seq, at.now),
                 );
                 sh.counters.total_items += 1;
-                return Ok(Step::Done(ArithOutcome::Value(initial, seq)));
+                return Ok(Step::Done(ArithOutcome::Value(initial, new_cas)));
             };
             let item = sh.item(i);
             if item.value().is_empty() {
@@ -547,14 +576,15 @@ impl Cache {
                 return Ok(Step::NeedMemory(short));
             }
             let seq = this.next_seq();
+            let new_cas = cas_in.unwrap_or(seq);
             let item = sh.item_mut(i);
             item.set_value(&[digits]);
-            item.cas = seq;
+            item.cas = new_cas;
             item.seq = seq;
             item.last_access = at.now;
             item.bits |= ACCESSED;
             sh.resized(old_len, new_len);
-            Ok(Step::Done(ArithOutcome::Value(new, seq)))
+            Ok(Step::Done(ArithOutcome::Value(new, new_cas)))
         })
     }
 
@@ -662,7 +692,15 @@ impl Cache {
                 Err(_) => return None,
             }
             let seq = self.next_seq();
-            let mut item = Item::new(key, &[], 0, exptime, seq, seq, now);
+            let mut item = Item::new(
+                key,
+                &[],
+                0,
+                exptime,
+                opts.vivify_cas.unwrap_or(seq),
+                seq,
+                now,
+            );
             item.bits = VIVIFIED | WIN;
             let i = sh.insert(hash, item);
             sh.counters.total_items += 1;

@@ -428,10 +428,11 @@ impl TableVersion {
     /// Unlike a `get_batch` per group, the lookups of all groups go through one prefetching
     /// pipeline, so a request spread over many partitions with a key or two each overlaps its
     /// cache misses as well as one big group does. The groups are walked twice (check, then
-    /// read), hence `Clone`. Partitions of an OPEN version are read-locked for the whole call,
-    /// all at once, in ascending partition order (writers take one partition lock at a time, so
-    /// this cannot deadlock); sealed partitions need no lock. Nothing allocates per key; an open
-    /// version costs one allocation per call for its lock guards.
+    /// read), hence `Clone`: pass views (as the wire codec's groups are), not owned vectors.
+    /// Partitions of an OPEN version are read-locked for the whole call, all at once, in
+    /// ascending partition order (writers take one partition lock at a time, so this cannot
+    /// deadlock); sealed partitions need no lock. Nothing allocates per key; an open version
+    /// costs one allocation per call for its lock guards.
     pub fn get_groups<'k, G, K>(
         &self,
         groups: G,
@@ -442,25 +443,43 @@ impl TableVersion {
         G: IntoIterator<Item = (u32, K)> + Clone,
         K: IntoIterator<Item = &'k [u8]>,
     {
+        // One walk over the groups checks them, counts the keys and lists the partitions to
+        // lock (none for a version already sealed: sealing sets the flag only after every
+        // partition is frozen).
+        let sealed = self.is_sealed();
+        let parts = &self.version.parts;
         let mut expected = 0usize;
+        let mut locked: Vec<(u32, Option<OpenGuard<'_>>)> = Vec::new();
         for (partition, keys) in groups.clone() {
             self.slot(partition)?;
             expected = expected.saturating_add(keys.into_iter().size_hint().0);
+            if !sealed && parts[partition as usize].frozen.get().is_none() {
+                locked.push((partition, None));
+            }
         }
-        let locked = self.lock_open(groups.clone());
+        locked.sort_unstable_by_key(|&(p, _)| p);
+        locked.dedup_by_key(|&mut (p, _)| p);
+        for (p, guard) in &mut locked {
+            let g = parts[*p as usize].open.read();
+            // Sealed since we looked: its data is frozen and needs no lock.
+            if g.is_some() {
+                *guard = Some(g);
+            }
+        }
         let part = |partition: u32| -> &PartData {
-            let slot = &self.version.parts[partition as usize];
+            let slot = &parts[partition as usize];
             if let Some(d) = slot.frozen.get() {
                 return d;
             }
-            // Not frozen now, so it was not frozen when `lock_open` looked either, and it cannot
-            // be frozen while we hold its read lock: it is among the guards, holding data.
+            // Not frozen now, so it was not when we looked either, and it cannot be frozen while
+            // we hold its read lock: it is among the guards, holding data.
             let at = locked
                 .binary_search_by_key(&partition, |&(p, _)| p)
                 .expect("every partition open at lock time is locked");
             locked[at]
                 .1
-                .as_ref()
+                .as_deref()
+                .and_then(Option::as_ref)
                 .expect("a held read lock keeps the partition open")
         };
         let items = groups.into_iter().flat_map(|(partition, keys)| {
@@ -476,33 +495,6 @@ impl TableVersion {
             values,
         );
         Ok(())
-    }
-
-    /// Read-lock every distinct partition of `groups` that is not sealed, in ascending order;
-    /// returns the guards sorted by partition. Empty (and no allocation) for a sealed version.
-    /// A partition found sealed once its lock is taken keeps no guard: its data is frozen.
-    fn lock_open<G, K>(&self, groups: G) -> Vec<(u32, OpenGuard<'_>)>
-    where
-        G: IntoIterator<Item = (u32, K)>,
-    {
-        if self.is_sealed() {
-            // Sealing sets the flag only after every partition is frozen.
-            return Vec::new();
-        }
-        let parts = &self.version.parts;
-        let mut open: Vec<u32> = groups
-            .into_iter()
-            .map(|(p, _)| p)
-            .filter(|&p| parts[p as usize].frozen.get().is_none())
-            .collect();
-        open.sort_unstable();
-        open.dedup();
-        open.into_iter()
-            .filter_map(|p| {
-                let guard = parts[p as usize].open.read();
-                guard.is_some().then_some((p, guard))
-            })
-            .collect()
     }
 
     /// Run `f` with exclusive access to one partition of an OPEN version.

@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use ramgrid_store::tables::MAX_KEY_LEN;
 use ramgrid_store::{
     Error, KeyStatus, TableSpec, TableVersion, Tables, TablesConfig, ValueRef, ValueType,
 };
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 const PARTS: u32 = 8;
 const KEYS: u32 = 3000;
@@ -191,7 +191,10 @@ fn a_request_larger_than_a_window_keeps_request_order() {
     let groups: Groups = (0..KEYS).map(|i| (i % PARTS, vec![key(i)])).collect();
     let (mut st, mut vals) = (Vec::new(), Vec::new());
     by_groups(&tv, &groups, &mut st, &mut vals);
-    assert_eq!((st.clone(), vals.clone()), model(ValueType::F64, &live, &groups));
+    assert_eq!(
+        (st.clone(), vals.clone()),
+        model(ValueType::F64, &live, &groups)
+    );
     assert_eq!(st.len(), KEYS as usize);
     // And the same keys as one group per partition, in a scrambled key order.
     let mut rng = StdRng::seed_from_u64(5);
@@ -230,7 +233,11 @@ fn a_partition_not_held_or_out_of_range_refuses_the_whole_request() {
     let tv = t.at("t", 0).unwrap();
     let (mut st, mut vals) = (vec![7u8], vec![7u8]);
     // The bad group comes last, after groups that would have found keys.
-    let groups: Groups = vec![(0, vec![key(0), key(8)]), (5, vec![key(5)]), (3, vec![key(3)])];
+    let groups: Groups = vec![
+        (0, vec![key(0), key(8)]),
+        (5, vec![key(5)]),
+        (3, vec![key(3)]),
+    ];
     let it = groups
         .iter()
         .map(|(p, keys)| (*p, keys.iter().map(Vec::as_slice)));

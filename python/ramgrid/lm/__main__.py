@@ -135,6 +135,11 @@ def build_parser(prog: str = "ramgrid demo lm") -> argparse.ArgumentParser:
     o.add_argument("--no-scores", action="store_true", help="do not write scores.npz")
     o.add_argument("--no-plots", action="store_true", help="skip the PNG figures (no matplotlib needed)")
     o.add_argument("--quiet", action="store_true", help="print only the final tables")
+    o.add_argument(
+        "--report-only",
+        metavar="RESULT_JSON",
+        help="run nothing: write the report (into --out) again from a result.json of an earlier run",
+    )
     return p
 
 
@@ -184,6 +189,14 @@ def demo_main(argv: Sequence[str] | None = None, prog: str = "ramgrid demo lm") 
         argv=args_list,
         command=shlex.join([*prog.split(), *args_list]),
     )
+    if args.report_only:
+        import json
+
+        with open(args.report_only, encoding="utf-8") as f:
+            saved = json.load(f)
+        files = write_report(saved, args.out, plots=not args.no_plots)
+        print("wrote " + ", ".join(files.values()))
+        return 0
     t0 = time.perf_counter()
     try:
         result = run_experiment(cfg, quiet=args.quiet)

@@ -55,7 +55,11 @@ pub(crate) fn decode_into(src: &[u8], out: &mut [u8]) -> Option<usize> {
 /// Appends the base64 encoding of `src` to `out`.
 pub(crate) fn encode_into(out: &mut Vec<u8>, src: &[u8]) {
     for chunk in src.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let acc = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         let sym = |shift: u32| ALPHABET[((acc >> shift) & 63) as usize];
         out.push(sym(18));
@@ -89,7 +93,19 @@ mod tests {
 
     #[test]
     fn rejects_malformed() {
-        for bad in [&b""[..], b"Y", b"YQ", b"YQ=", b"YW-j", b"YW_j", b"!!!!", b"Y===", b"====", b"YQ==YQ==", b"Y=Q="] {
+        for bad in [
+            &b""[..],
+            b"Y",
+            b"YQ",
+            b"YQ=",
+            b"YW-j",
+            b"YW_j",
+            b"!!!!",
+            b"Y===",
+            b"====",
+            b"YQ==YQ==",
+            b"Y=Q=",
+        ] {
             assert_eq!(decoded_len(bad), None, "{bad:?}");
             assert_eq!(decode(bad), None, "{bad:?}");
         }

@@ -14,7 +14,11 @@ pub fn compose_request(req: &Request<'_>, out: &mut Vec<u8>) {
                 out.extend_from_slice(key);
             }
         }
-        Request::Gat { exptime, keys, with_cas } => {
+        Request::Gat {
+            exptime,
+            keys,
+            with_cas,
+        } => {
             out.extend_from_slice(if *with_cas { b"gats " } else { b"gat " });
             push_i64(out, *exptime);
             for key in keys {
@@ -27,13 +31,22 @@ pub fn compose_request(req: &Request<'_>, out: &mut Vec<u8>) {
             word_line(out, b"delete", key);
             noreply_suffix(out, *noreply);
         }
-        Request::Arith { key, delta, incr, noreply } => {
+        Request::Arith {
+            key,
+            delta,
+            incr,
+            noreply,
+        } => {
             word_line(out, if *incr { b"incr" } else { b"decr" }, key);
             out.push(b' ');
             push_u64(out, *delta);
             noreply_suffix(out, *noreply);
         }
-        Request::Touch { key, exptime, noreply } => {
+        Request::Touch {
+            key,
+            exptime,
+            noreply,
+        } => {
             word_line(out, b"touch", key);
             out.push(b' ');
             push_i64(out, *exptime);

@@ -15,27 +15,43 @@ pub fn check_parse(data: &[u8], limits: &Limits) {
     match parse_request(data, limits) {
         Ok((req, n)) => {
             assert!(n > 0 && n <= data.len(), "consumed {n} of {}", data.len());
-            assert_eq!(parse_request(&data[..n], limits), Ok((req.clone(), n)), "result depends on bytes past the request");
+            assert_eq!(
+                parse_request(&data[..n], limits),
+                Ok((req.clone(), n)),
+                "result depends on bytes past the request"
+            );
             for k in [0, 1, n / 2, n.saturating_sub(2), n - 1] {
                 if k < n {
-                    assert_eq!(parse_request(&data[..k], limits), Err(ParseError::Incomplete), "prefix {k} of {n}");
+                    assert_eq!(
+                        parse_request(&data[..k], limits),
+                        Err(ParseError::Incomplete),
+                        "prefix {k} of {n}"
+                    );
                 }
             }
             let mut wire = Vec::new();
             compose_request(&req, &mut wire);
-            assert_eq!(parse_request(&wire, limits), Ok((req, wire.len())), "compose/parse round trip");
+            assert_eq!(
+                parse_request(&wire, limits),
+                Ok((req, wire.len())),
+                "compose/parse round trip"
+            );
         }
         Err(ParseError::Recoverable { consumed, reply }) => {
             assert!(consumed > 0);
             if consumed > data.len() {
                 assert!(
-                    reply.is_empty() || reply.starts_with("SERVER_ERROR") || reply.starts_with("CLIENT_ERROR"),
+                    reply.is_empty()
+                        || reply.starts_with("SERVER_ERROR")
+                        || reply.starts_with("CLIENT_ERROR"),
                     "only a swallowed data block reaches past the buffer: {reply:?}"
                 );
             }
             assert!(reply.is_empty() || reply.ends_with("\r\n"));
         }
-        Err(ParseError::Fatal { reply, .. }) => assert!(reply.is_empty() || reply.ends_with("\r\n")),
+        Err(ParseError::Fatal { reply, .. }) => {
+            assert!(reply.is_empty() || reply.ends_with("\r\n"))
+        }
         Err(ParseError::Incomplete) => {}
     }
 }

@@ -45,7 +45,11 @@ pub(crate) fn parse_i64(tok: &[u8]) -> Option<i64> {
         }
         // Accumulate negatively so that i64::MIN parses.
         n = n.checked_mul(10)?;
-        n = if neg { n.checked_sub(i64::from(d))? } else { n.checked_add(i64::from(d))? };
+        n = if neg {
+            n.checked_sub(i64::from(d))?
+        } else {
+            n.checked_add(i64::from(d))?
+        };
     }
     Some(n)
 }

@@ -7,7 +7,9 @@ use std::borrow::Cow;
 use memchr::memchr;
 
 use super::num::{parse_i64, parse_u32, parse_u64};
-use super::request::{trim_spaces, Keys, Meta, MetaFlags, MetaKey, Request, Store, StoreMode, Tokens, CE_FORMAT};
+use super::request::{
+    trim_spaces, Keys, Meta, MetaFlags, MetaKey, Request, Store, StoreMode, Tokens, CE_FORMAT,
+};
 use super::{Limits, ParseError};
 
 /// memcached's tokenizer bound (command included); lines with more tokens only ever fail the
@@ -21,7 +23,8 @@ const MAX_OPAQUE_TOKEN: usize = 32;
 pub(crate) const ERROR: &str = "ERROR\r\n";
 pub(crate) const CE_DELTA_ARG: &str = "CLIENT_ERROR invalid numeric delta argument\r\n";
 pub(crate) const CE_EXPTIME: &str = "CLIENT_ERROR invalid exptime argument\r\n";
-pub(crate) const CE_DELETE_USAGE: &str = "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n";
+pub(crate) const CE_DELETE_USAGE: &str =
+    "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n";
 pub(crate) const CE_BAD_CHUNK: &str = "CLIENT_ERROR bad data chunk\r\n";
 pub(crate) const CE_TOO_MANY_KEYS: &str = "CLIENT_ERROR too many keys\r\n";
 pub(crate) const SE_TOO_LARGE: &str = "SERVER_ERROR object too large for cache\r\n";
@@ -36,7 +39,10 @@ const SHUTDOWN_DISABLED: &str = "ERROR: shutdown not enabled\r\n";
 type Parsed<'a> = Result<(Request<'a>, usize), ParseError>;
 
 fn recoverable(consumed: usize, reply: &'static str) -> ParseError {
-    ParseError::Recoverable { consumed, reply: Cow::Borrowed(reply) }
+    ParseError::Recoverable {
+        consumed,
+        reply: Cow::Borrowed(reply),
+    }
 }
 
 /// A recoverable error that `noreply` silences (the text protocol's rule).
@@ -45,17 +51,25 @@ fn quiet_unless(noreply: bool, consumed: usize, reply: &'static str) -> ParseErr
 }
 
 fn fatal(reason: &'static str) -> ParseError {
-    ParseError::Fatal { reply: Cow::Borrowed(""), reason }
+    ParseError::Fatal {
+        reply: Cow::Borrowed(""),
+        reason,
+    }
 }
 
 /// Control bytes get an `ERROR` line before the close, as a hint to someone typing at a terminal.
 fn fatal_control() -> ParseError {
-    ParseError::Fatal { reply: Cow::Borrowed(ERROR), reason: "control byte in command line" }
+    ParseError::Fatal {
+        reply: Cow::Borrowed(ERROR),
+        reason: "control byte in command line",
+    }
 }
 
+/// A tab is exempt: memcached reads it as part of a token (so `get\tk` is an unknown command and
+/// the connection goes on); every other byte below 0x20 is binary garbage.
 #[inline]
 fn has_control_byte(s: &[u8]) -> bool {
-    s.iter().any(|&b| b < 0x20)
+    s.iter().any(|&b| b < 0x20 && b != b'\t')
 }
 
 pub(crate) fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
@@ -131,7 +145,9 @@ fn parse_line<'a>(buf: &'a [u8], line: &'a [u8], line_len: usize, limits: &Limit
         b"ms" => parse_meta_set(toks, n, line, buf, line_len, limits),
         b"mn" => ok(Request::MetaNoop),
         b"me" => parse_meta_debug(toks, n, line_len, limits),
-        b"stats" => ok(Request::Stats { arg: toks.get(1).copied() }),
+        b"stats" => ok(Request::Stats {
+            arg: toks.get(1).copied(),
+        }),
         b"version" => ok(Request::Version),
         b"quit" => ok(Request::Quit),
         b"flush_all" => parse_flush_all(toks, n, line_len),
@@ -144,16 +160,26 @@ fn parse_line<'a>(buf: &'a [u8], line: &'a [u8], line_len: usize, limits: &Limit
 fn unknown_command(cmd: &[u8], toks: &[&[u8]], line_len: usize) -> ParseError {
     // memcached branches on the first letter of known commands and answers ERROR inside those
     // branches; only the remaining names get the check for an HTTP request line, which it closes.
-    let known_branch = matches!(cmd[0], b'g' | b's' | b'a' | b'c' | b'i' | b'd' | b't') || (cmd[0] == b'm' && cmd.len() == 2);
+    let known_branch = matches!(cmd[0], b'g' | b's' | b'a' | b'c' | b'i' | b'd' | b't')
+        || (cmd[0] == b'm' && cmd.len() == 2);
     // memcached looks at the last of the first 23 tokens.
-    let last = toks.get(toks.len().min(MAX_TOKENS - 1).wrapping_sub(1)).copied().unwrap_or_default();
+    let last = toks
+        .get(toks.len().min(MAX_TOKENS - 1).wrapping_sub(1))
+        .copied()
+        .unwrap_or_default();
     if !known_branch && last.starts_with(b"HTTP/") {
         return fatal("HTTP request");
     }
     recoverable(line_len, ERROR)
 }
 
-fn parse_get<'a>(mut words: Tokens<'a>, with_cas: bool, touch: bool, line_len: usize, limits: &Limits) -> Parsed<'a> {
+fn parse_get<'a>(
+    mut words: Tokens<'a>,
+    with_cas: bool,
+    touch: bool,
+    line_len: usize,
+    limits: &Limits,
+) -> Parsed<'a> {
     let mut exptime = 0;
     if touch {
         let Some(tok) = words.next() else {
@@ -176,13 +202,26 @@ fn parse_get<'a>(mut words: Tokens<'a>, with_cas: bool, touch: bool, line_len: u
         return Err(recoverable(line_len, CE_TOO_MANY_KEYS));
     }
     let keys = Keys::new(span);
-    let req = if touch { Request::Gat { exptime, keys, with_cas } } else { Request::Get { keys, with_cas } };
+    let req = if touch {
+        Request::Gat {
+            exptime,
+            keys,
+            with_cas,
+        }
+    } else {
+        Request::Get { keys, with_cas }
+    };
     Ok((req, line_len))
 }
 
 /// Where a data block of `vlen` bytes plus CRLF ends, or what to do if it cannot be taken yet.
 /// `quiet_errors` silences the bad-chunk error (text `noreply`; meta commands always report).
-fn data_block(buf: &[u8], line_len: usize, vlen: usize, quiet_errors: bool) -> Result<(&[u8], usize), ParseError> {
+fn data_block(
+    buf: &[u8],
+    line_len: usize,
+    vlen: usize,
+    quiet_errors: bool,
+) -> Result<(&[u8], usize), ParseError> {
     let total = line_len + vlen + 2;
     if buf.len() < total {
         return Err(ParseError::Incomplete);
@@ -225,14 +264,28 @@ fn parse_store<'a>(
     let flags = parse_u32(toks[2]).ok_or_else(format_error)?;
     let exptime = parse_i64(toks[3]).ok_or_else(format_error)?;
     let vlen = parse_vlen(toks[4]);
-    let mode = if is_cas { StoreMode::Cas(parse_u64(toks[5]).ok_or_else(format_error)?) } else { mode };
+    let mode = if is_cas {
+        StoreMode::Cas(parse_u64(toks[5]).ok_or_else(format_error)?)
+    } else {
+        mode
+    };
     let vlen = vlen.ok_or_else(format_error)?;
     if vlen > limits.max_value_len {
         // Answer now and swallow the data block as it arrives, without buffering it.
         return Err(quiet_unless(noreply, line_len + vlen + 2, SE_TOO_LARGE));
     }
     let (data, total) = data_block(buf, line_len, vlen, noreply)?;
-    Ok((Request::Store(Store { mode, key, flags, exptime, data, noreply }), total))
+    Ok((
+        Request::Store(Store {
+            mode,
+            key,
+            flags,
+            exptime,
+            data,
+            noreply,
+        }),
+        total,
+    ))
 }
 
 fn parse_delete<'a>(toks: &[&'a [u8]], n: usize, line_len: usize, limits: &Limits) -> Parsed<'a> {
@@ -256,7 +309,13 @@ fn parse_delete<'a>(toks: &[&'a [u8]], n: usize, line_len: usize, limits: &Limit
     Ok((Request::Delete { key, noreply }, line_len))
 }
 
-fn parse_arith<'a>(incr: bool, toks: &[&'a [u8]], n: usize, line_len: usize, limits: &Limits) -> Parsed<'a> {
+fn parse_arith<'a>(
+    incr: bool,
+    toks: &[&'a [u8]],
+    n: usize,
+    line_len: usize,
+    limits: &Limits,
+) -> Parsed<'a> {
     if n != 3 && n != 4 {
         return Err(recoverable(line_len, ERROR));
     }
@@ -266,7 +325,15 @@ fn parse_arith<'a>(incr: bool, toks: &[&'a [u8]], n: usize, line_len: usize, lim
         return Err(quiet_unless(noreply, line_len, CE_FORMAT));
     }
     let delta = parse_u64(toks[2]).ok_or_else(|| quiet_unless(noreply, line_len, CE_DELTA_ARG))?;
-    Ok((Request::Arith { key, delta, incr, noreply }, line_len))
+    Ok((
+        Request::Arith {
+            key,
+            delta,
+            incr,
+            noreply,
+        },
+        line_len,
+    ))
 }
 
 fn parse_touch<'a>(toks: &[&'a [u8]], n: usize, line_len: usize, limits: &Limits) -> Parsed<'a> {
@@ -279,7 +346,14 @@ fn parse_touch<'a>(toks: &[&'a [u8]], n: usize, line_len: usize, limits: &Limits
         return Err(quiet_unless(noreply, line_len, CE_FORMAT));
     }
     let exptime = parse_i64(toks[2]).ok_or_else(|| quiet_unless(noreply, line_len, CE_EXPTIME))?;
-    Ok((Request::Touch { key, exptime, noreply }, line_len))
+    Ok((
+        Request::Touch {
+            key,
+            exptime,
+            noreply,
+        },
+        line_len,
+    ))
 }
 
 fn parse_flush_all<'a>(toks: &[&'a [u8]], n: usize, line_len: usize) -> Parsed<'a> {
@@ -318,7 +392,14 @@ fn opaque_ok(flags: &MetaFlags<'_>) -> bool {
 }
 
 /// mg, md and ma: no data block, errors always answered (meta commands ignore `q` for errors).
-fn parse_meta<'a>(which: u8, toks: &[&'a [u8]], n: usize, line: &'a [u8], line_len: usize, limits: &Limits) -> Parsed<'a> {
+fn parse_meta<'a>(
+    which: u8,
+    toks: &[&'a [u8]],
+    n: usize,
+    line: &'a [u8],
+    line_len: usize,
+    limits: &Limits,
+) -> Parsed<'a> {
     if n < 2 {
         return Err(recoverable(line_len, ERROR));
     }
@@ -328,7 +409,11 @@ fn parse_meta<'a>(which: u8, toks: &[&'a [u8]], n: usize, line: &'a [u8], line_l
         return err(CE_FORMAT);
     }
     if n - 2 > MAX_META_FLAGS {
-        return err(if which == b'g' { CE_MG_TOO_LONG } else { CE_META_TOO_LONG });
+        return err(if which == b'g' {
+            CE_MG_TOO_LONG
+        } else {
+            CE_META_TOO_LONG
+        });
     }
     let flags = match MetaFlags::scan(flag_span(line, 2), Some(raw), true) {
         Ok(flags) => flags,
@@ -341,7 +426,13 @@ fn parse_meta<'a>(which: u8, toks: &[&'a [u8]], n: usize, line: &'a [u8], line_l
     if !opaque_ok(&flags) {
         return err(CE_OPAQUE);
     }
-    let meta = Meta { key: MetaKey { raw, base64: flags.has(b'b') }, flags };
+    let meta = Meta {
+        key: MetaKey {
+            raw,
+            base64: flags.has(b'b'),
+        },
+        flags,
+    };
     let req = match which {
         b'g' => Request::MetaGet(meta),
         b'd' => Request::MetaDelete(meta),
@@ -350,7 +441,14 @@ fn parse_meta<'a>(which: u8, toks: &[&'a [u8]], n: usize, line: &'a [u8], line_l
     Ok((req, line_len))
 }
 
-fn parse_meta_set<'a>(toks: &[&'a [u8]], n: usize, line: &'a [u8], buf: &'a [u8], line_len: usize, limits: &Limits) -> Parsed<'a> {
+fn parse_meta_set<'a>(
+    toks: &[&'a [u8]],
+    n: usize,
+    line: &'a [u8],
+    buf: &'a [u8],
+    line_len: usize,
+    limits: &Limits,
+) -> Parsed<'a> {
     if n < 2 {
         return Err(recoverable(line_len, ERROR));
     }
@@ -378,11 +476,22 @@ fn parse_meta_set<'a>(toks: &[&'a [u8]], n: usize, line: &'a [u8], buf: &'a [u8]
         return swallow(SE_TOO_LARGE);
     }
     let (data, total) = data_block(buf, line_len, vlen, false)?;
-    let meta = Meta { key: MetaKey { raw, base64: flags.has(b'b') }, flags };
+    let meta = Meta {
+        key: MetaKey {
+            raw,
+            base64: flags.has(b'b'),
+        },
+        flags,
+    };
     Ok((Request::MetaSet { meta, data }, total))
 }
 
-fn parse_meta_debug<'a>(toks: &[&'a [u8]], n: usize, line_len: usize, limits: &Limits) -> Parsed<'a> {
+fn parse_meta_debug<'a>(
+    toks: &[&'a [u8]],
+    n: usize,
+    line_len: usize,
+    limits: &Limits,
+) -> Parsed<'a> {
     if n < 2 || toks[1].len() > limits.max_key_len {
         return Err(recoverable(line_len, CE_FORMAT));
     }
@@ -391,5 +500,10 @@ fn parse_meta_debug<'a>(toks: &[&'a [u8]], n: usize, line_len: usize, limits: &L
     if base64 && super::base64::decoded_len(raw).is_none() {
         return Err(recoverable(line_len, CE_FORMAT));
     }
-    Ok((Request::MetaDebug { key: MetaKey { raw, base64 } }, line_len))
+    Ok((
+        Request::MetaDebug {
+            key: MetaKey { raw, base64 },
+        },
+        line_len,
+    ))
 }

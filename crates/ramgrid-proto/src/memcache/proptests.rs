@@ -11,40 +11,143 @@ use super::*;
 /// Owned material for a request (requests borrow, so strategies produce this and tests build).
 #[derive(Debug, Clone)]
 enum Spec {
-    Get { keys: Vec<Vec<u8>>, cas: bool },
-    Gat { exptime: i64, keys: Vec<Vec<u8>>, cas: bool },
-    Store { mode: StoreMode, key: Vec<u8>, flags: u32, exptime: i64, data: Vec<u8>, noreply: bool },
-    Delete { key: Vec<u8>, noreply: bool },
-    Arith { key: Vec<u8>, delta: u64, incr: bool, noreply: bool },
-    Touch { key: Vec<u8>, exptime: i64, noreply: bool },
-    FlushAll { delay: Option<i64>, noreply: bool },
-    Stats { arg: Option<Vec<u8>> },
+    Get {
+        keys: Vec<Vec<u8>>,
+        cas: bool,
+    },
+    Gat {
+        exptime: i64,
+        keys: Vec<Vec<u8>>,
+        cas: bool,
+    },
+    Store {
+        mode: StoreMode,
+        key: Vec<u8>,
+        flags: u32,
+        exptime: i64,
+        data: Vec<u8>,
+        noreply: bool,
+    },
+    Delete {
+        key: Vec<u8>,
+        noreply: bool,
+    },
+    Arith {
+        key: Vec<u8>,
+        delta: u64,
+        incr: bool,
+        noreply: bool,
+    },
+    Touch {
+        key: Vec<u8>,
+        exptime: i64,
+        noreply: bool,
+    },
+    FlushAll {
+        delay: Option<i64>,
+        noreply: bool,
+    },
+    Stats {
+        arg: Option<Vec<u8>>,
+    },
     Version,
-    Verbosity { level: u32, noreply: bool },
+    Verbosity {
+        level: u32,
+        noreply: bool,
+    },
     Quit,
-    Meta { cmd: u8, key: Vec<u8>, base64: bool, flags: Vec<u8>, data: Vec<u8> },
+    Meta {
+        cmd: u8,
+        key: Vec<u8>,
+        base64: bool,
+        flags: Vec<u8>,
+        data: Vec<u8>,
+    },
     MetaNoop,
-    MetaDebug { key: Vec<u8>, base64: bool },
+    MetaDebug {
+        key: Vec<u8>,
+        base64: bool,
+    },
 }
 
 impl Spec {
     fn build(&self) -> Request<'_> {
         match self {
-            Spec::Get { keys, cas } => Request::Get { keys: Keys::new(keys_span(keys)), with_cas: *cas },
-            Spec::Gat { exptime, keys, cas } => Request::Gat { exptime: *exptime, keys: Keys::new(keys_span(keys)), with_cas: *cas },
-            Spec::Store { mode, key, flags, exptime, data, noreply } => {
-                Request::Store(Store { mode: *mode, key, flags: *flags, exptime: *exptime, data, noreply: *noreply })
-            }
-            Spec::Delete { key, noreply } => Request::Delete { key, noreply: *noreply },
-            Spec::Arith { key, delta, incr, noreply } => Request::Arith { key, delta: *delta, incr: *incr, noreply: *noreply },
-            Spec::Touch { key, exptime, noreply } => Request::Touch { key, exptime: *exptime, noreply: *noreply },
-            Spec::FlushAll { delay, noreply } => Request::FlushAll { delay: *delay, noreply: *noreply },
-            Spec::Stats { arg } => Request::Stats { arg: arg.as_deref() },
+            Spec::Get { keys, cas } => Request::Get {
+                keys: Keys::new(keys_span(keys)),
+                with_cas: *cas,
+            },
+            Spec::Gat { exptime, keys, cas } => Request::Gat {
+                exptime: *exptime,
+                keys: Keys::new(keys_span(keys)),
+                with_cas: *cas,
+            },
+            Spec::Store {
+                mode,
+                key,
+                flags,
+                exptime,
+                data,
+                noreply,
+            } => Request::Store(Store {
+                mode: *mode,
+                key,
+                flags: *flags,
+                exptime: *exptime,
+                data,
+                noreply: *noreply,
+            }),
+            Spec::Delete { key, noreply } => Request::Delete {
+                key,
+                noreply: *noreply,
+            },
+            Spec::Arith {
+                key,
+                delta,
+                incr,
+                noreply,
+            } => Request::Arith {
+                key,
+                delta: *delta,
+                incr: *incr,
+                noreply: *noreply,
+            },
+            Spec::Touch {
+                key,
+                exptime,
+                noreply,
+            } => Request::Touch {
+                key,
+                exptime: *exptime,
+                noreply: *noreply,
+            },
+            Spec::FlushAll { delay, noreply } => Request::FlushAll {
+                delay: *delay,
+                noreply: *noreply,
+            },
+            Spec::Stats { arg } => Request::Stats {
+                arg: arg.as_deref(),
+            },
             Spec::Version => Request::Version,
-            Spec::Verbosity { level, noreply } => Request::Verbosity { level: *level, noreply: *noreply },
+            Spec::Verbosity { level, noreply } => Request::Verbosity {
+                level: *level,
+                noreply: *noreply,
+            },
             Spec::Quit => Request::Quit,
-            Spec::Meta { cmd, key, base64, flags, data } => {
-                let meta = Meta { key: MetaKey { raw: key, base64: *base64 }, flags: MetaFlags::new(flags).expect("generated flags are valid") };
+            Spec::Meta {
+                cmd,
+                key,
+                base64,
+                flags,
+                data,
+            } => {
+                let meta = Meta {
+                    key: MetaKey {
+                        raw: key,
+                        base64: *base64,
+                    },
+                    flags: MetaFlags::new(flags).expect("generated flags are valid"),
+                };
                 match cmd {
                     b'g' => Request::MetaGet(meta),
                     b'd' => Request::MetaDelete(meta),
@@ -53,7 +156,12 @@ impl Spec {
                 }
             }
             Spec::MetaNoop => Request::MetaNoop,
-            Spec::MetaDebug { key, base64 } => Request::MetaDebug { key: MetaKey { raw: key, base64: *base64 } },
+            Spec::MetaDebug { key, base64 } => Request::MetaDebug {
+                key: MetaKey {
+                    raw: key,
+                    base64: *base64,
+                },
+            },
         }
     }
 }
@@ -78,7 +186,11 @@ fn exptime() -> impl Strategy<Value = i64> {
 }
 
 fn data() -> impl Strategy<Value = Vec<u8>> {
-    prop_oneof![vec(any::<u8>(), 0..64), Just(b"\r\n".to_vec()), Just(b"x\r\ny".to_vec())]
+    prop_oneof![
+        vec(any::<u8>(), 0..64),
+        Just(b"\r\n".to_vec()),
+        Just(b"x\r\ny".to_vec())
+    ]
 }
 
 fn store_mode() -> impl Strategy<Value = StoreMode> {
@@ -99,7 +211,10 @@ fn meta_flags(cmd: u8, base64: bool) -> impl Strategy<Value = Vec<u8>> {
         b'a' => prop_oneof![Just("MI"), Just("M+"), Just("MD"), Just("M-")].boxed(),
         _ => prop_oneof![Just("MS"), Just("Mx")].boxed(),
     };
-    let simple: Vec<&'static str> = ["c", "f", "h", "k", "l", "q", "s", "t", "u", "v", "I", "P", "L"].to_vec();
+    let simple: Vec<&'static str> = [
+        "c", "f", "h", "k", "l", "q", "s", "t", "u", "v", "I", "P", "L",
+    ]
+    .to_vec();
     (
         subsequence(simple, 0..=8),
         proptest::option::of(exptime()),
@@ -114,7 +229,11 @@ fn meta_flags(cmd: u8, base64: bool) -> impl Strategy<Value = Vec<u8>> {
     )
         .prop_map(move |(simple, t, n, f, c, d, o, m, e, shuffle)| {
             // `b` goes first so that the truncation to 17 flags below keeps it.
-            let mut toks: Vec<String> = if base64 { vec!["b".to_string()] } else { Vec::new() };
+            let mut toks: Vec<String> = if base64 {
+                vec!["b".to_string()]
+            } else {
+                Vec::new()
+            };
             toks.extend(simple.iter().map(|s| s.to_string()));
             toks.extend(t.map(|t| format!("T{t}")));
             toks.extend(n.map(|n| format!("N{n}")));
@@ -150,37 +269,108 @@ fn meta_key(base64: bool) -> BoxedStrategy<Vec<u8>> {
 }
 
 fn meta_spec() -> impl Strategy<Value = Spec> {
-    (prop_oneof![Just(b'g'), Just(b's'), Just(b'd'), Just(b'a')], any::<bool>()).prop_flat_map(|(cmd, base64)| {
-        (meta_key(base64), meta_flags(cmd, base64), data())
-            .prop_map(move |(key, flags, data)| Spec::Meta { cmd, key, base64, flags, data: if cmd == b's' { data } else { Vec::new() } })
-    })
+    (
+        prop_oneof![Just(b'g'), Just(b's'), Just(b'd'), Just(b'a')],
+        any::<bool>(),
+    )
+        .prop_flat_map(|(cmd, base64)| {
+            (meta_key(base64), meta_flags(cmd, base64), data()).prop_map(
+                move |(key, flags, data)| Spec::Meta {
+                    cmd,
+                    key,
+                    base64,
+                    flags,
+                    data: if cmd == b's' { data } else { Vec::new() },
+                },
+            )
+        })
 }
 
 fn spec() -> impl Strategy<Value = Spec> {
     prop_oneof![
         (vec(key(), 1..6), any::<bool>()).prop_map(|(keys, cas)| Spec::Get { keys, cas }),
-        (exptime(), vec(key(), 0..4), any::<bool>()).prop_map(|(exptime, keys, cas)| Spec::Gat { exptime, keys, cas }),
-        (store_mode(), key(), any::<u32>(), exptime(), data(), any::<bool>())
-            .prop_map(|(mode, key, flags, exptime, data, noreply)| Spec::Store { mode, key, flags, exptime, data, noreply }),
+        (exptime(), vec(key(), 0..4), any::<bool>()).prop_map(|(exptime, keys, cas)| Spec::Gat {
+            exptime,
+            keys,
+            cas
+        }),
+        (
+            store_mode(),
+            key(),
+            any::<u32>(),
+            exptime(),
+            data(),
+            any::<bool>()
+        )
+            .prop_map(|(mode, key, flags, exptime, data, noreply)| Spec::Store {
+                mode,
+                key,
+                flags,
+                exptime,
+                data,
+                noreply
+            }),
         (key(), any::<bool>()).prop_map(|(key, noreply)| Spec::Delete { key, noreply }),
-        (key(), any::<u64>(), any::<bool>(), any::<bool>()).prop_map(|(key, delta, incr, noreply)| Spec::Arith { key, delta, incr, noreply }),
-        (key(), exptime(), any::<bool>()).prop_map(|(key, exptime, noreply)| Spec::Touch { key, exptime, noreply }),
-        (proptest::option::of(exptime()), any::<bool>()).prop_map(|(delay, noreply)| Spec::FlushAll { delay, noreply }),
-        proptest::option::of("[a-z]{1,10}".prop_map(String::into_bytes)).prop_map(|arg| Spec::Stats { arg }),
+        (key(), any::<u64>(), any::<bool>(), any::<bool>()).prop_map(
+            |(key, delta, incr, noreply)| Spec::Arith {
+                key,
+                delta,
+                incr,
+                noreply
+            }
+        ),
+        (key(), exptime(), any::<bool>()).prop_map(|(key, exptime, noreply)| Spec::Touch {
+            key,
+            exptime,
+            noreply
+        }),
+        (proptest::option::of(exptime()), any::<bool>())
+            .prop_map(|(delay, noreply)| Spec::FlushAll { delay, noreply }),
+        proptest::option::of("[a-z]{1,10}".prop_map(String::into_bytes))
+            .prop_map(|arg| Spec::Stats { arg }),
         Just(Spec::Version),
-        (any::<u32>(), any::<bool>()).prop_map(|(level, noreply)| Spec::Verbosity { level, noreply }),
+        (any::<u32>(), any::<bool>())
+            .prop_map(|(level, noreply)| Spec::Verbosity { level, noreply }),
         Just(Spec::Quit),
         meta_spec(),
         Just(Spec::MetaNoop),
-        any::<bool>().prop_flat_map(|base64| meta_key(base64).prop_map(move |key| Spec::MetaDebug { key, base64 })),
+        any::<bool>().prop_flat_map(
+            |base64| meta_key(base64).prop_map(move |key| Spec::MetaDebug { key, base64 })
+        ),
     ]
 }
 
 /// Fragments that make protocol-like noise.
 const PIECES: &[&[u8]] = &[
-    b"get ", b"set k 0 0 ", b"ms k ", b"mg k ", b"cas ", b"incr ", b"delete ", b"gat ", b"flush_all ", b"me ", b"mn",
-    b"\r\n", b"\n", b" ", b"noreply", b"1", b"0", b"-1", b"3", b"v", b"q", b"T", b"O", b"b", b"YQ==", b"x", b"abc",
-    b"HTTP/1.1", b"\r",
+    b"get ",
+    b"set k 0 0 ",
+    b"ms k ",
+    b"mg k ",
+    b"cas ",
+    b"incr ",
+    b"delete ",
+    b"gat ",
+    b"flush_all ",
+    b"me ",
+    b"mn",
+    b"\r\n",
+    b"\n",
+    b" ",
+    b"noreply",
+    b"1",
+    b"0",
+    b"-1",
+    b"3",
+    b"v",
+    b"q",
+    b"T",
+    b"O",
+    b"b",
+    b"YQ==",
+    b"x",
+    b"abc",
+    b"HTTP/1.1",
+    b"\r",
 ];
 
 fn compose(req: &Request<'_>) -> Vec<u8> {

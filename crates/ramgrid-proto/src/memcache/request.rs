@@ -191,7 +191,10 @@ impl<'a> Keys<'a> {
     /// The keys in `span`, separated by spaces. The caller is responsible for key validity
     /// (length, no control bytes); the parser checks that before building one.
     pub fn new(span: &'a [u8]) -> Self {
-        Keys { span, count: Tokens::new(span).count() }
+        Keys {
+            span,
+            count: Tokens::new(span).count(),
+        }
     }
 
     /// Number of keys.
@@ -348,9 +351,16 @@ impl<'a> MetaFlags<'a> {
 
     /// The flag scan behind the parser. `key` is checked as base64 when `b` is present;
     /// `allow_e` says whether `E` is known (memcached before 1.6.21 does not know it).
-    pub(crate) fn scan(span: &'a [u8], key: Option<&[u8]>, allow_e: bool) -> Result<Self, &'static str> {
+    pub(crate) fn scan(
+        span: &'a [u8],
+        key: Option<&[u8]>,
+        allow_e: bool,
+    ) -> Result<Self, &'static str> {
         let span = trim_spaces(span);
-        let mut f = MetaFlags { span, ..MetaFlags::default() };
+        let mut f = MetaFlags {
+            span,
+            ..MetaFlags::default()
+        };
         let mut pending: Option<&'static str> = None;
         for tok in Tokens::new(span) {
             match f.one(tok, key, allow_e) {
@@ -358,7 +368,13 @@ impl<'a> MetaFlags<'a> {
                 Err(FlagError::Fatal(e)) => return Err(e),
                 // memcached keeps scanning and reports the last problem; an `F` problem keeps
                 // whatever message was set before it (the default is the generic format error).
-                Err(FlagError::Bad(e)) => pending = Some(if e.is_empty() { pending.unwrap_or(CE_FORMAT) } else { e }),
+                Err(FlagError::Bad(e)) => {
+                    pending = Some(if e.is_empty() {
+                        pending.unwrap_or(CE_FORMAT)
+                    } else {
+                        e
+                    })
+                }
             }
         }
         match pending {
@@ -398,7 +414,8 @@ impl<'a> MetaFlags<'a> {
             }
             b'J' => self.initial = Some(parse_u64(arg).ok_or(bad(CE_INITIAL))?),
             b'D' => self.delta = Some(parse_u64(arg).ok_or(bad(CE_DELTA_VALUE))?),
-            b'P' | b'L' | b'l' | b'k' | b's' | b't' | b'c' | b'f' | b'v' | b'h' | b'u' | b'q' | b'I' => {}
+            b'P' | b'L' | b'l' | b'k' | b's' | b't' | b'c' | b'f' | b'v' | b'h' | b'u' | b'q'
+            | b'I' => {}
             _ => return Err(FlagError::Fatal(CE_INVALID_FLAG)),
         }
         Ok(())
@@ -450,7 +467,7 @@ impl<'a> MetaFlags<'a> {
         self.vivify
     }
 
-    /// `R<secs>`: recache threshold (accepted; ramgrid never wins a token from it).
+    /// `R<secs>`: recache threshold: a hit with less TTL left wins the token (`W`).
     pub fn recache(&self) -> Option<i64> {
         self.recache
     }

@@ -1165,11 +1165,13 @@ mod push_packed_tests {
         {
             let mut w = GetReplyWriter::begin(&mut out, 1, 1, ValueType::I64, 2).unwrap();
             let snapshot = w.p.out.clone();
+            let mut miss_with_value = [0u8; 16];
+            miss_with_value[8] = 1;
             for (st, vals) in [
                 (&[0u8, 0, 0][..], &[0u8; 24][..]), // more answers than keys
-                (&[0, 6][..], &[0; 16][..]),         // no such status
-                (&[0, 1][..], &[0; 15][..]),         // short values
-                (&[0, 1][..], &[0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0][..]), // miss with a value
+                (&[0, 6][..], &[0; 16][..]),        // no such status
+                (&[0, 1][..], &[0; 15][..]),        // short values
+                (&[0, 1][..], &miss_with_value[..]),
             ] {
                 assert!(w.push_packed(st, vals).is_err(), "{st:?}");
                 assert_eq!(*w.p.out, snapshot);
