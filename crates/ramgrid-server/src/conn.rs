@@ -155,7 +155,9 @@ async fn serve_memcache(
     }
 }
 
-async fn flush(
+/// Writes `out` whole within `timeout` (a client that stops reading is cut off), counts it, and
+/// empties it, giving back memory a burst made it grow to.
+pub(crate) async fn flush(
     sock: &mut TcpStream,
     out: &mut Vec<u8>,
     stats: &WorkerStats,

@@ -22,10 +22,11 @@ use ramgrid_store::tables::{
     self, KeyStatus as StoreKeyStatus, TableSpec, TableVersion, Tables, ValueRef, ValueType,
 };
 use ramgrid_store::Error as StoreError;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use crate::conn::flush;
 use crate::stats::WorkerStats;
 
 /// Flush replies mid-batch once this much is pending.
@@ -198,27 +199,6 @@ pub async fn serve(
         WorkerStats::add(&stats.bytes_read, n as u64);
         end += n;
     }
-}
-
-async fn flush(
-    sock: &mut TcpStream,
-    out: &mut Vec<u8>,
-    stats: &WorkerStats,
-    timeout: Duration,
-) -> std::io::Result<()> {
-    let r = match tokio::time::timeout(timeout, sock.write_all(out)).await {
-        Ok(r) => r,
-        Err(_) => Err(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "client stopped reading replies",
-        )),
-    };
-    WorkerStats::add(&stats.bytes_written, out.len() as u64);
-    out.clear();
-    if out.capacity() > 8 * OUT_HIGH_WATER {
-        out.shrink_to(READ_CHUNK);
-    }
-    r
 }
 
 /// Per-connection state: whether HELLO authenticated it, and scratch buffers reused across frames.

@@ -1,0 +1,354 @@
+//! The server side of the native protocol over real sockets: a broken frame closes only its own
+//! connection, nothing is answered before auth, and refused data requests (wrong epoch, a partition
+//! not held, a sealed version) change nothing. The cluster client's tests cover the happy paths.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use clap::Parser;
+use ramgrid_proto::cluster::{partition_of, ClusterSpec, PartitionMap};
+use ramgrid_proto::native::{
+    parse_frame, CreateTable, FrameError, Hello, KeyBatchWriter, Opcode, PutWriter, Request,
+    Response, Status, ValueType, VersionRef, PROTOCOL_VERSION,
+};
+use ramgrid_server::{start, Config, ServerHandle};
+
+fn server(extra: &[&str]) -> ServerHandle {
+    let mut args = vec![
+        "ramgrid-server",
+        "--listen",
+        "127.0.0.1:0",
+        "--threads",
+        "2",
+        "--memory",
+        "16MiB",
+    ];
+    args.extend_from_slice(extra);
+    start(&Config::parse_from(args)).expect("server starts")
+}
+
+struct Conn {
+    sock: TcpStream,
+    buf: Vec<u8>,
+    next_id: u64,
+}
+
+impl Conn {
+    fn open(h: &ServerHandle) -> Conn {
+        let sock = TcpStream::connect(h.local_addr()).expect("connect");
+        sock.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        Conn {
+            sock,
+            buf: Vec::new(),
+            next_id: 1,
+        }
+    }
+
+    fn send(&mut self, frame: &[u8]) {
+        self.sock.write_all(frame).expect("write");
+    }
+
+    /// Reads one response frame and decodes it with `f` (the body borrows the buffer).
+    fn reply<R>(&mut self, f: impl FnOnce(Response<'_>) -> R) -> R {
+        loop {
+            match parse_frame(&self.buf, 1 << 24) {
+                Ok((frame, used)) => {
+                    let r = f(Response::decode(&frame).expect("response decodes"));
+                    self.buf.drain(..used);
+                    return r;
+                }
+                Err(FrameError::Incomplete { .. }) => {
+                    let mut chunk = [0u8; 65536];
+                    let n = self.sock.read(&mut chunk).expect("read");
+                    assert!(n > 0, "server closed the connection");
+                    self.buf.extend_from_slice(&chunk[..n]);
+                }
+                Err(e) => panic!("bad response frame: {e}"),
+            }
+        }
+    }
+
+    /// Sends a request and returns the status of its response.
+    fn call(&mut self, req: Request<'_>) -> Status {
+        let mut out = Vec::new();
+        req.encode(&mut out, self.next_id).unwrap();
+        self.next_id += 1;
+        self.send(&out);
+        self.reply(status_of)
+    }
+
+    fn hello(&mut self, token: &[u8]) -> Status {
+        self.call(Request::Hello(Hello {
+            protocol_version: PROTOCOL_VERSION,
+            token,
+            client_name: "test",
+        }))
+    }
+
+    /// Asserts the server closes this connection (EOF, or a reset) within the read timeout.
+    fn expect_closed(&mut self) {
+        let mut chunk = [0u8; 1024];
+        loop {
+            match self.sock.read(&mut chunk) {
+                Ok(0) => return,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    panic!("the server kept the connection open")
+                }
+                Err(_) => return, // reset
+                // A BAD_REQUEST reply may precede the close.
+                Ok(_) => continue,
+            }
+        }
+    }
+}
+
+fn status_of(r: Response<'_>) -> Status {
+    match r {
+        Response::Error(e) => e.status,
+        _ => Status::Ok,
+    }
+}
+
+fn create_f64(c: &mut Conn, name: &str, partitions: u32) -> Status {
+    c.call(Request::CreateTable(CreateTable {
+        name,
+        partitions,
+        replication: 1,
+        value_type: ValueType::F64,
+    }))
+}
+
+fn put_f64(
+    c: &mut Conn,
+    table: &str,
+    version: u32,
+    epoch: u64,
+    partitions: u32,
+    keys: &[&str],
+    values: &[f64],
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut w = PutWriter::begin(&mut out, 99, table, version, epoch, ValueType::F64).unwrap();
+    for (k, v) in keys.iter().zip(values) {
+        w.group_f64(
+            partition_of(k.as_bytes(), partitions),
+            [k],
+            std::slice::from_ref(v),
+        )
+        .unwrap();
+    }
+    w.finish().unwrap();
+    c.send(&out);
+    c.reply(|r| match r {
+        Response::KeyStatuses(s) => s.as_bytes().to_vec(),
+        other => panic!("PUT answered {other:?}"),
+    })
+}
+
+fn get_f64(
+    c: &mut Conn,
+    table: &str,
+    epoch: u64,
+    partitions: u32,
+    keys: &[&str],
+) -> Result<Vec<Option<f64>>, Status> {
+    let mut out = Vec::new();
+    let mut w = KeyBatchWriter::begin(&mut out, Opcode::Get, 7, table, 0, epoch).unwrap();
+    for k in keys {
+        w.group(partition_of(k.as_bytes(), partitions), [k])
+            .unwrap();
+    }
+    w.finish().unwrap();
+    c.send(&out);
+    c.reply(|r| match r {
+        Response::Get(g) => Ok(g
+            .iter()
+            .map(|(st, v)| {
+                (st == ramgrid_proto::native::KeyStatus::Ok)
+                    .then(|| f64::from_le_bytes(v.unwrap().try_into().unwrap()))
+            })
+            .collect()),
+        Response::Error(e) => Err(e.status),
+        other => panic!("GET answered {other:?}"),
+    })
+}
+
+/// A frame the server cannot parse closes that connection only; the server keeps serving.
+#[test]
+fn broken_frames_close_only_their_connection() {
+    let h = server(&[]);
+    let bad_frames: Vec<Vec<u8>> = vec![
+        // unknown opcode
+        vec![0xA7, 1, 0x7F, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0],
+        // unsupported protocol version
+        vec![0xA7, 9, 0x02, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0],
+        // body length far over --max-frame (decided from the header alone)
+        vec![
+            0xA7, 1, 0x30, 0, 0xFF, 0xFF, 0xFF, 0x7F, 1, 0, 0, 0, 0, 0, 0, 0,
+        ],
+        // a GET whose body is shorter than its own fields say (truncated)
+        vec![
+            0xA7, 1, 0x30, 0, 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, b'l', b'm',
+        ],
+        // bad magic after a good first frame: sent below after a PING
+    ];
+    for frame in &bad_frames {
+        let mut c = Conn::open(&h);
+        c.send(frame);
+        c.expect_closed();
+    }
+    let mut c = Conn::open(&h);
+    assert_eq!(c.call(Request::Ping), Status::Ok);
+    c.send(b"get foo\r\n");
+    c.expect_closed();
+
+    // The server is unharmed: a new connection works, tables and all.
+    let mut c = Conn::open(&h);
+    assert_eq!(c.hello(b""), Status::Ok);
+    assert_eq!(create_f64(&mut c, "t", 4), Status::Ok);
+    assert_eq!(put_f64(&mut c, "t", 0, 0, 4, &["a"], &[1.5]), vec![0]);
+    assert_eq!(
+        get_f64(&mut c, "t", 0, 4, &["a", "b"]),
+        Ok(vec![Some(1.5), None])
+    );
+    h.shutdown();
+}
+
+/// With a token, nothing but HELLO and PING is answered before a HELLO with the right token, and a
+/// refused request touches no data.
+#[test]
+fn nothing_before_auth() {
+    let h = server(&["--token", "s3cret"]);
+    let mut c = Conn::open(&h);
+    assert_eq!(c.call(Request::Ping), Status::Ok);
+    assert_eq!(create_f64(&mut c, "t", 4), Status::AuthRequired);
+    assert_eq!(c.call(Request::ListTables), Status::AuthRequired);
+    assert_eq!(c.hello(b"wrong"), Status::AuthFailed);
+    assert_eq!(create_f64(&mut c, "t", 4), Status::AuthRequired);
+    assert!(
+        h.native().tables.list().is_empty(),
+        "a refused request created a table"
+    );
+    assert_eq!(c.hello(b"s3cret"), Status::Ok);
+    assert_eq!(create_f64(&mut c, "t", 4), Status::Ok);
+    h.shutdown();
+}
+
+/// A request made under another epoch, or for a partition this server does not hold, is refused
+/// before any key is read or written.
+#[test]
+fn stale_epoch_and_foreign_partitions_are_refused() {
+    let h = server(&[]);
+    let me = h.local_addr().to_string();
+    // Two servers in the spec: this one and one that does not exist; one replica per partition.
+    let spec = ClusterSpec::parse(&format!("server {me}\nserver 127.0.0.1:1\n")).unwrap();
+    let epoch = spec.epoch();
+    let mut c = Conn::open(&h);
+    assert_eq!(c.hello(b""), Status::Ok);
+    assert_eq!(
+        c.call(Request::SetSpec {
+            spec: spec.to_text().as_bytes()
+        }),
+        Status::Ok
+    );
+    assert_eq!(create_f64(&mut c, "t", 16), Status::Ok);
+
+    let map = PartitionMap::new(&spec, 16, 1);
+    let (mine, theirs): (Vec<String>, Vec<String>) = (0..200)
+        .map(|i| format!("k{i}"))
+        .partition(|k| map.holds(0, partition_of(k.as_bytes(), 16)));
+    assert!(!mine.is_empty() && !theirs.is_empty());
+
+    // Old epoch: refused, nothing stored.
+    assert_eq!(c.call(Request::Ping), Status::Ok);
+    let mut out = Vec::new();
+    let mut w = PutWriter::begin(&mut out, 5, "t", 0, epoch ^ 1, ValueType::F64).unwrap();
+    w.group_f64(partition_of(mine[0].as_bytes(), 16), [&mine[0]], &[1.0])
+        .unwrap();
+    w.finish().unwrap();
+    c.send(&out);
+    assert_eq!(c.reply(status_of), Status::WrongEpoch);
+    assert_eq!(
+        get_f64(&mut c, "t", epoch, 16, &[mine[0].as_str()]),
+        Ok(vec![None])
+    );
+
+    // A batch with one foreign partition is refused whole: the held key is not written either.
+    let batch = [mine[1].as_str(), theirs[0].as_str()];
+    let mut out = Vec::new();
+    let mut w = PutWriter::begin(&mut out, 6, "t", 0, epoch, ValueType::F64).unwrap();
+    for k in batch {
+        w.group_f64(partition_of(k.as_bytes(), 16), [k], &[2.0])
+            .unwrap();
+    }
+    w.finish().unwrap();
+    c.send(&out);
+    let not_held = c.reply(|r| match r {
+        Response::Error(e) if e.status == Status::NotOwner => e.partitions,
+        other => panic!("expected NOT_OWNER, got {other:?}"),
+    });
+    assert_eq!(not_held, vec![partition_of(theirs[0].as_bytes(), 16)]);
+    assert_eq!(
+        get_f64(&mut c, "t", epoch, 16, &[mine[1].as_str()]),
+        Ok(vec![None])
+    );
+    assert_eq!(
+        get_f64(&mut c, "t", epoch, 16, &[theirs[0].as_str()]),
+        Err(Status::NotOwner)
+    );
+    h.shutdown();
+}
+
+/// A sealed version refuses writes; a new version is invisible until it is sealed and made current.
+#[test]
+fn sealed_versions_refuse_writes_and_switch_atomically() {
+    let h = server(&[]);
+    let mut c = Conn::open(&h);
+    assert_eq!(c.hello(b""), Status::Ok);
+    assert_eq!(create_f64(&mut c, "t", 4), Status::Ok);
+    assert_eq!(put_f64(&mut c, "t", 0, 0, 4, &["a"], &[1.0]), vec![0]);
+    let v = |version| VersionRef {
+        table: "t",
+        version,
+    };
+    assert_eq!(c.call(Request::SealVersion(v(1))), Status::Ok);
+    let mut out = Vec::new();
+    let mut w = PutWriter::begin(&mut out, 8, "t", 1, 0, ValueType::F64).unwrap();
+    w.group_f64(partition_of(b"a", 4), ["a"], &[9.0]).unwrap();
+    w.finish().unwrap();
+    c.send(&out);
+    assert_eq!(c.reply(status_of), Status::VersionSealed);
+
+    assert_eq!(c.call(Request::CreateVersion(v(2))), Status::Ok);
+    assert_eq!(c.call(Request::CreateVersion(v(2))), Status::VersionExists);
+    assert_eq!(put_f64(&mut c, "t", 2, 0, 4, &["a"], &[2.0]), vec![0]);
+    assert_eq!(
+        get_f64(&mut c, "t", 0, 4, &["a"]),
+        Ok(vec![Some(1.0)]),
+        "an open version leaked"
+    );
+    assert_eq!(c.call(Request::SetCurrent(v(2))), Status::VersionNotSealed);
+    assert_eq!(c.call(Request::SealVersion(v(2))), Status::Ok);
+    assert_eq!(c.call(Request::SetCurrent(v(2))), Status::Ok);
+    assert_eq!(get_f64(&mut c, "t", 0, 4, &["a"]), Ok(vec![Some(2.0)]));
+    assert_eq!(c.call(Request::CreateVersion(v(0))), Status::BadRequest);
+    h.shutdown();
+}
+
+#[test]
+#[should_panic(expected = "kept the connection open")]
+fn expect_closed_can_fail() {
+    let h = server(&[]);
+    let mut c = Conn::open(&h);
+    c.sock
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    assert_eq!(c.call(Request::Ping), Status::Ok);
+    c.expect_closed();
+}
