@@ -265,6 +265,9 @@ fn worker_main(
     };
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
+        // Connections watch a channel of this worker's own: every read registers a waker with it,
+        // and a channel shared by all workers would bounce its lock between cores on every request.
+        let (local_stop, local_rx) = watch::channel(false);
         let mut tasks = tokio::task::JoinSet::new();
         loop {
             tokio::select! {
@@ -273,7 +276,7 @@ fn worker_main(
                     let shared = shared.clone();
                     let native = native.clone();
                     let stats = stats.clone();
-                    let stop = stop.clone();
+                    let stop = local_rx.clone();
                     tasks.spawn_local(async move {
                         if let Ok(s) = s.set_nonblocking(true).and_then(|_| tokio::net::TcpStream::from_std(s)) {
                             conn::serve(s, &shared, &native, &stats, stop, write_timeout).await;
@@ -285,6 +288,7 @@ fn worker_main(
                 _ = stop.changed() => break,
             }
         }
+        let _ = local_stop.send(true);
         // Let connections finish the request in hand, bounded.
         let _ = tokio::time::timeout(SHUTDOWN_GRACE, async { while tasks.join_next().await.is_some() {} }).await;
     });
