@@ -19,7 +19,7 @@ setup: $(VENV)/.ok ## Install what the build and tests need (memcached, Rust com
 $(VENV)/.ok: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q maturin pytest pytest-timeout pymemcache hypothesis numpy xxhash pyarrow "dask[distributed]" matplotlib wordfreq tqdm pandas
+	$(PIP) install -q maturin pytest pytest-timeout pymemcache hypothesis numpy xxhash pyarrow "dask[distributed]" matplotlib wordfreq tqdm pandas ruff
 	@touch $@
 
 develop: setup ## Build the Python package's native module (release) into the venv
@@ -39,9 +39,11 @@ test: develop build ## All default tests: Rust unit/property/conformance (ramgri
 	bash scripts/conformance_memcached.sh
 	$(PY) -m pytest python/tests
 
-lint: setup ## rustfmt, clippy -D warnings
+lint: setup ## rustfmt, clippy -D warnings, ruff (check and format)
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(VENV)/bin/ruff check python examples benchmarks tests
+	$(VENV)/bin/ruff format --check python examples benchmarks tests
 
 bench: setup build ## Full benchmark vs memcached (1M keys, several rounds); records to benchmarks/results/
 	$(PY) benchmarks/memcached_compare.py --out benchmarks/results/memcached_compare.txt

@@ -10,18 +10,19 @@ or a packed form `(offsets, data)` where offsets is a numpy int64 array of n+1 o
 Int keys given in a list are encoded like int64 array keys, so `[1, 2]` and `np.array([1, 2])` address the same items.
 """
 
-from typing import Any, Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 
-KeysLike = Union[Sequence[Union[str, bytes, int]], npt.NDArray[np.int64], tuple[npt.NDArray[np.int64], bytes]]
+KeysLike: TypeAlias = Sequence[str | bytes | int] | npt.NDArray[np.int64] | tuple[npt.NDArray[np.int64], bytes]
 
 class Client:
     def __init__(
         self,
         servers: list[str],
-        token: Optional[str] = None,
+        token: str | None = None,
         timeout_ms: int = 5000,
         connect_timeout_ms: int = 1000,
         ack: str = "all",  # "all" | "majority" | "one": replicas that must acknowledge a write
@@ -34,7 +35,9 @@ class Client:
     def push_spec(self) -> None:
         """Sends this client's spec to every server (SET_SPEC): how a new local cluster is configured."""
     # tables
-    def create_table(self, name: str, partitions: int = 64, replication: int = 1, value_type: str = "bytes", dim: int = 0) -> None:
+    def create_table(
+        self, name: str, partitions: int = 64, replication: int = 1, value_type: str = "bytes", dim: int = 0
+    ) -> None:
         """value_type: "bytes" | "i64" | "f64" | "f32vec" (dim > 0). Creates an open version 1 that is current."""
     def drop_table(self, name: str) -> None: ...
     def list_tables(self) -> list[dict[str, Any]]: ...
@@ -64,7 +67,7 @@ def run_server(args: list[str]) -> None:
     """Runs a ramgrid server in this process with ramgrid-server's flags (e.g. ["--listen", "127.0.0.1:0"]);
     prints its 'ramgrid-server listening on ADDR' line and blocks until SIGTERM/SIGINT."""
 
-def partition_of(key: Union[str, bytes, int], partitions: int) -> int: ...
+def partition_of(key: str | bytes | int, partitions: int) -> int: ...
 
 # Exceptions (all subclasses of RamgridError); python/ramgrid/exceptions.py re-exports them.
 class RamgridError(Exception): ...
@@ -77,7 +80,9 @@ class TableExists(RamgridError): ...
 class VersionNotFound(RamgridError): ...
 class VersionSealed(RamgridError): ...
 class OutOfMemory(RamgridError): ...
+
 class PartitionsUnavailable(RamgridError):
     partitions: list[int]  # partitions none of whose replicas answered
+
 class BatchError(RamgridError):
     failures: list[tuple[int, str]]  # (index in the batch, reason) for each refused key

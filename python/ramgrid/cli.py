@@ -102,8 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("stats", "print every server's counters as JSON")
 
     sub.add_parser("bench", help="run benchmarks/native_batch.py --quick (extra arguments are passed on)")
-    sub.add_parser("load", help="load a TSV/text/CSV/Parquet file or directory into a table as a new version (`ramgrid load --help`)")
-    sub.add_parser("demo", help="run a demo: `ramgrid demo lm [options]` is the language-model experiment (`ramgrid demo lm --help`)")
+    sub.add_parser(
+        "load",
+        help="load a TSV/text/CSV/Parquet file or directory into a table as a new version (`ramgrid load --help`)",
+    )
+    sub.add_parser(
+        "demo",
+        help="run a demo: `ramgrid demo lm [options]` is the language-model experiment (`ramgrid demo lm --help`)",
+    )
     return p
 
 
