@@ -16,7 +16,7 @@ setup: $(VENV)/.ok ## Install what the build and tests need (memcached, Rust com
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq memcached) >/dev/null; }
 	@rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
-$(VENV)/.ok: pyproject.toml
+$(VENV)/.ok: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q maturin pytest pytest-timeout pymemcache hypothesis numpy xxhash pyarrow "dask[distributed]" matplotlib wordfreq tqdm pandas ruff
