@@ -1,5 +1,6 @@
 //! Process structure: one acceptor thread, N worker threads (each a single-threaded tokio runtime that
-//! owns its connections, like memcached's worker threads), one expiry crawler, and graceful shutdown.
+//! owns its connections, like memcached's worker threads; the first also runs the expiry crawler),
+//! and graceful shutdown.
 //!
 //! Why per-thread runtimes rather than one work-stealing runtime: a connection stays on one thread for
 //! its whole life, so its buffers and the thread's counters stay in that core's cache, and no task is
@@ -152,6 +153,7 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
     let mut handles = Vec::new();
     let mut senders = Vec::new();
     for (i, stats) in workers.into_iter().enumerate() {
+        let crawler = i == 0;
         let (tx, rx) = mpsc::unbounded_channel::<TcpStream>();
         senders.push(tx);
         let shared = shared.clone();
@@ -161,7 +163,9 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         handles.push(
             std::thread::Builder::new()
                 .name(format!("ramgrid-worker-{i}"))
-                .spawn(move || worker_main(rx, shared, native, stats, stop, write_timeout))?,
+                .spawn(move || {
+                    worker_main(rx, shared, native, stats, stop, write_timeout, crawler)
+                })?,
         );
     }
     {
@@ -171,20 +175,6 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
             std::thread::Builder::new()
                 .name("ramgrid-accept".into())
                 .spawn(move || accept_loop(listener, senders, shared, stopping))?,
-        );
-    }
-    {
-        let shared = shared.clone();
-        let stopping = stopping.clone();
-        handles.push(
-            std::thread::Builder::new()
-                .name("ramgrid-crawler".into())
-                .spawn(move || {
-                    while !stopping.load(Ordering::Relaxed) {
-                        std::thread::sleep(CRAWL_INTERVAL);
-                        shared.cache.crawl_expired(CRAWL_BUDGET);
-                    }
-                })?,
         );
     }
     Ok(ServerHandle {
@@ -252,6 +242,7 @@ fn worker_main(
     stats: Arc<WorkerStats>,
     mut stop: watch::Receiver<bool>,
     write_timeout: Duration,
+    crawler: bool,
 ) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -268,6 +259,20 @@ fn worker_main(
         // Connections watch a channel of this worker's own: every read registers a waker with it,
         // and a channel shared by all workers would bounce its lock between cores on every request.
         let (local_stop, local_rx) = watch::channel(false);
+        if crawler {
+            // Active expiry runs on the first worker's own runtime rather than on a thread of its
+            // own: one thread fewer competing for a small machine's cores, and no crawler thread
+            // that the OS could deschedule while it holds a shard lock a request needs.
+            let shared = shared.clone();
+            tokio::task::spawn_local(async move {
+                let mut tick = tokio::time::interval(CRAWL_INTERVAL);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    shared.cache.crawl_expired(CRAWL_BUDGET);
+                }
+            });
+        }
         let mut tasks = tokio::task::JoinSet::new();
         loop {
             tokio::select! {

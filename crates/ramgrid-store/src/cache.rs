@@ -744,7 +744,11 @@ impl Cache {
                 break;
             }
             let si = self.cursors.crawl.fetch_add(1, Ordering::Relaxed) & self.shard_mask;
-            let mut sh = self.shards[si].0.lock();
+            // A busy shard is skipped until the next round: the crawler never waits behind a
+            // request, and a request never waits behind a crawler that the OS has descheduled.
+            let Some(mut sh) = self.shards[si].0.try_lock() else {
+                continue;
+            };
             if !sh.may_have_dead(at.now, at.flush_seq) {
                 continue;
             }
