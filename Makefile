@@ -46,7 +46,7 @@ lint: setup ## rustfmt, clippy -D warnings, ruff (check and format)
 	$(VENV)/bin/ruff format --check python examples benchmarks tests
 
 bench: setup build ## Full benchmark vs memcached (1M keys, several rounds); records to benchmarks/results/
-	$(PY) benchmarks/memcached_compare.py --out benchmarks/results/memcached_compare.txt
+	$(PY) benchmarks/memcached_compare.py --out benchmarks/results/memcached_compare.md
 
 FUZZ_SECONDS ?= 30
 # The coverage flags cargo-fuzz would pass, so the targets build on stable without cargo-fuzz or nightly.
