@@ -292,7 +292,7 @@ impl Pool {
     }
 }
 
-/// Reads without blocking for up to [`SPIN`]; `None` when nothing arrived in that time (the
+/// Reads without blocking, yielding the CPU between tries, for up to [`SPIN`]; `None` when nothing arrived in that time (the
 /// caller then blocks, with its timeout).
 fn spin_read(stream: &TcpStream, buf: &mut [u8]) -> Option<io::Result<usize>> {
     use std::os::fd::AsRawFd;
@@ -313,7 +313,9 @@ fn spin_read(stream: &TcpStream, buf: &mut [u8]) -> Option<io::Result<usize>> {
         }
         let e = io::Error::last_os_error();
         match e.kind() {
-            io::ErrorKind::WouldBlock if start.elapsed() < SPIN => std::hint::spin_loop(),
+            // Yield rather than spin: when the server (or another task) is runnable on this core
+            // it runs at once instead of waiting for our poll to end.
+            io::ErrorKind::WouldBlock if start.elapsed() < SPIN => std::thread::yield_now(),
             io::ErrorKind::WouldBlock => return None,
             io::ErrorKind::Interrupted => {}
             _ => return Some(Err(e)),
