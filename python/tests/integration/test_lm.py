@@ -269,8 +269,8 @@ def test_demo_main_on_sampled_sentences_writes_the_report(tmp_path: Path, capsys
     assert ("ramgrid", "per-token") in systems and ("noop", "noop") in systems and ("dict", "per-partition") in systems
     assert all(v.startswith("identical") for v in res["reference_check"]["workloads"].values())
     assert [t["servers"] for t in res["summary"]["targets"]] == [2]
-    scores = np.load(out / "scores.npz")
-    assert scores["score"].shape == (1500,) and (scores["score"] < 0).all()
+    with np.load(out / "scores.npz") as scores:  # an NpzFile holds its file open until closed
+        assert scores["score"].shape == (1500,) and (scores["score"] < 0).all()
 
 
 def test_lm_score_example_runs() -> None:
