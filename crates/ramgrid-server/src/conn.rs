@@ -36,14 +36,9 @@ pub async fn serve(
     write_timeout: Duration,
 ) {
     let mut buf = vec![0u8; READ_CHUNK];
-    let end = tokio::select! {
-        r = sock.read(&mut buf) => match r {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        },
-        _ = stop.changed() => return,
+    let Some(end) = read_or_stop(&mut sock, &mut buf, &mut stop, stats).await else {
+        return;
     };
-    WorkerStats::add(&stats.bytes_read, end as u64);
     if ramgrid_proto::native::is_native_first_byte(buf[0]) {
         native::serve(sock, buf, end, native_state, stats, stop, write_timeout).await;
     } else {
@@ -137,14 +132,9 @@ async fn serve_memcache(
             buf.resize(want, 0);
         }
 
-        let n = tokio::select! {
-            r = sock.read(&mut buf[end..]) => match r {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            },
-            _ = stop.changed() => return,
+        let Some(n) = read_or_stop(&mut sock, &mut buf[end..], &mut stop, stats).await else {
+            return;
         };
-        WorkerStats::add(&stats.bytes_read, n as u64);
         end += n;
         // Shrink a buffer that grew for one big value once it is drained, so idle connections stay small.
         if start == end && buf.len() > 4 * READ_CHUNK {
@@ -153,6 +143,25 @@ async fn serve_memcache(
             end = 0;
         }
     }
+}
+
+/// Reads what the socket has into `buf` and counts it; `None` when the peer closed, the read
+/// failed, or the server is shutting down.
+pub(crate) async fn read_or_stop(
+    sock: &mut TcpStream,
+    buf: &mut [u8],
+    stop: &mut watch::Receiver<bool>,
+    stats: &WorkerStats,
+) -> Option<usize> {
+    let n = tokio::select! {
+        r = sock.read(buf) => match r {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => n,
+        },
+        _ = stop.changed() => return None,
+    };
+    WorkerStats::add(&stats.bytes_read, n as u64);
+    Some(n)
 }
 
 /// Writes `out` whole within `timeout` (a client that stops reading is cut off), counts it, and

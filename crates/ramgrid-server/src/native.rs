@@ -22,11 +22,10 @@ use ramgrid_store::tables::{
     self, KeyStatus as StoreKeyStatus, TableSpec, TableVersion, Tables, ValueRef, ValueType,
 };
 use ramgrid_store::Error as StoreError;
-use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::conn::flush;
+use crate::conn::{flush, read_or_stop};
 use crate::stats::WorkerStats;
 
 /// Flush replies mid-batch once this much is pending.
@@ -189,14 +188,9 @@ pub async fn serve(
                 buf.resize(grow, 0);
             }
         }
-        let n = tokio::select! {
-            r = sock.read(&mut buf[end..]) => match r {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            },
-            _ = stop.changed() => return,
+        let Some(n) = read_or_stop(&mut sock, &mut buf[end..], &mut stop, stats).await else {
+            return;
         };
-        WorkerStats::add(&stats.bytes_read, n as u64);
         end += n;
     }
 }
@@ -445,14 +439,12 @@ impl Conn {
             }
             Request::Put(p) => {
                 check_epoch(state, p.epoch)?;
-                let tv = state
-                    .tables
-                    .at(p.table, p.version)
-                    .map_err(|e| refusal(&e))?;
-                if tv.is_sealed() {
-                    return Err(refusal(&StoreError::VersionSealed(tv.version())));
-                }
-                check_held(&tv, p.groups.iter().map(|g| g.partition))?;
+                let tv = writable(
+                    state,
+                    p.table,
+                    p.version,
+                    p.groups.iter().map(|g| g.partition),
+                )?;
                 let vt = tv.value_type();
                 let type_ok = store_value_type(p.value_type) == vt;
                 self.status.clear();
@@ -472,14 +464,12 @@ impl Conn {
             }
             Request::Delete(b) => {
                 check_epoch(state, b.epoch)?;
-                let tv = state
-                    .tables
-                    .at(b.table, b.version)
-                    .map_err(|e| refusal(&e))?;
-                if tv.is_sealed() {
-                    return Err(refusal(&StoreError::VersionSealed(tv.version())));
-                }
-                check_held(&tv, b.groups.iter().map(|g| g.partition))?;
+                let tv = writable(
+                    state,
+                    b.table,
+                    b.version,
+                    b.groups.iter().map(|g| g.partition),
+                )?;
                 self.status.clear();
                 for g in b.groups.iter() {
                     tv.delete_batch(g.partition, g.keys, &mut self.status)
@@ -509,6 +499,22 @@ fn value_ref(vt: ValueType, v: &[u8]) -> ValueRef<'_> {
         ValueType::F32Vec { .. } => ValueRef::F32VecLe(v),
         ValueType::Bytes => ValueRef::Bytes(v),
     }
+}
+
+/// The version a PUT or DELETE writes: resolved once, refused if sealed or if any of the request's
+/// partitions is not held here, before any key is touched.
+fn writable(
+    state: &NativeState,
+    table: &str,
+    version: u32,
+    partitions: impl Iterator<Item = u32>,
+) -> Result<TableVersion, ErrorReply> {
+    let tv = state.tables.at(table, version).map_err(|e| refusal(&e))?;
+    if tv.is_sealed() {
+        return Err(refusal(&StoreError::VersionSealed(tv.version())));
+    }
+    check_held(&tv, partitions)?;
+    Ok(tv)
 }
 
 fn check_epoch(state: &NativeState, epoch: u64) -> Result<(), ErrorReply> {
