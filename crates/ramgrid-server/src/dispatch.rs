@@ -128,13 +128,9 @@ fn unless_noreply(out: &mut Vec<u8>, noreply: bool, reply: &[u8]) {
 // --- text protocol ------------------------------------------------------------------------------
 
 fn get(cache: &Cache, keys: &Keys<'_>, with_cas: bool, stats: &WorkerStats, out: &mut Vec<u8>) {
-    let mut hits = 0u64;
-    for key in keys {
-        let found = cache.get(key, |it| {
-            write_value(out, it.key, it.flags, it.value, with_cas.then_some(it.cas))
-        });
-        hits += u64::from(found.is_some());
-    }
+    let hits = cache.get_many(keys, None, |_, it| {
+        write_value(out, it.key, it.flags, it.value, with_cas.then_some(it.cas))
+    }) as u64;
     out.extend_from_slice(reply::END);
     let n = keys.len() as u64;
     WorkerStats::add(&stats.cmd_get, n);
@@ -152,13 +148,9 @@ fn gat(
     out: &mut Vec<u8>,
 ) {
     let exptime = cache.exptime_from_protocol(exptime);
-    let mut hits = 0u64;
-    for key in keys {
-        let found = cache.get_and_touch(key, exptime, |it| {
-            write_value(out, it.key, it.flags, it.value, with_cas.then_some(it.cas))
-        });
-        hits += u64::from(found.is_some());
-    }
+    let hits = cache.get_many(keys, Some(exptime), |_, it| {
+        write_value(out, it.key, it.flags, it.value, with_cas.then_some(it.cas))
+    }) as u64;
     out.extend_from_slice(reply::END);
     let n = keys.len() as u64;
     WorkerStats::add(&stats.cmd_touch, n);

@@ -7,6 +7,7 @@
 
 pub mod cache;
 pub mod clock;
+mod index;
 pub mod tables;
 
 pub use cache::{

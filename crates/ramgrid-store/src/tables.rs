@@ -44,7 +44,6 @@
 //! could still copy it) until its version or table is dropped. A scan visits one partition of one
 //! version, so its cost is proportional to that partition's items, not to the server's.
 
-mod index;
 mod partition;
 
 use std::collections::{BTreeMap, HashMap};

@@ -28,22 +28,24 @@ fn value_for(k: &[u8], rng: &mut StdRng, max_len: usize) -> Vec<u8> {
     v
 }
 
+/// Empty (vivified) and numeric (incr) values, with '+'s appended, are legitimate; anything else
+/// must start with its key.
+fn check_value(k: &[u8], v: &[u8]) {
+    let head = &v[..v.len() - v.iter().rev().take_while(|&&b| b == b'+').count()];
+    let ok = head.iter().all(u8::is_ascii_digit) || v.starts_with(k);
+    assert!(
+        ok,
+        "key {:?} holds {:?}",
+        String::from_utf8_lossy(k),
+        String::from_utf8_lossy(v)
+    );
+}
+
 fn worker(cache: &Cache, clock: &ManualClock, seed: u64, max_len: usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     for _ in 0..OPS_PER_THREAD {
         let k = key(rng.gen_range(0..KEYS));
-        let check = |v: &[u8]| {
-            // Empty (vivified) and numeric (incr) values, with '+'s appended, are legitimate;
-            // anything else must start with this key.
-            let head = &v[..v.len() - v.iter().rev().take_while(|&&b| b == b'+').count()];
-            let ok = head.iter().all(u8::is_ascii_digit) || v.starts_with(&k);
-            assert!(
-                ok,
-                "key {:?} holds {:?}",
-                String::from_utf8_lossy(&k),
-                String::from_utf8_lossy(v)
-            );
-        };
+        let check = |v: &[u8]| check_value(&k, v);
         let result: Result<(), Error> = match rng.gen_range(0..100) {
             0..=24 => {
                 let v = value_for(&k, &mut rng, max_len);
@@ -84,8 +86,19 @@ fn worker(cache: &Cache, clock: &ManualClock, seed: u64, max_len: usize) {
                 cache.delete(&k, None, rng.gen_bool(0.3));
                 Ok(())
             }
-            50..=79 => {
+            50..=64 => {
                 cache.get(&k, |it| check(it.value));
+                Ok(())
+            }
+            65..=79 => {
+                // A multi-key get, prefetching in groups while other threads write the same keys.
+                let n = rng.gen_range(1..40);
+                let keys: Vec<Vec<u8>> = (0..n).map(|_| key(rng.gen_range(0..KEYS))).collect();
+                let touch = rng.gen_bool(0.2).then_some(0);
+                cache.get_many(keys.iter().map(Vec::as_slice), touch, |i, it| {
+                    assert_eq!(it.key, keys[i].as_slice());
+                    check_value(&keys[i], it.value);
+                });
                 Ok(())
             }
             80..=87 => {

@@ -60,6 +60,11 @@ enum Op {
         key: u8,
         ttl: i64,
     },
+    /// A multi-key get (with `ttl`: a multi-key gat), possibly with repeated keys.
+    GetMany {
+        keys: Vec<u8>,
+        ttl: Option<i64>,
+    },
     Flush {
         delay: u32,
     },
@@ -120,6 +125,8 @@ fn op(keys: u8) -> impl Strategy<Value = Op> {
         1 => (0..keys, ttl()).prop_map(|(key, ttl)| Op::Touch { key, ttl }),
         6 => (0..keys).prop_map(|key| Op::Get { key }),
         1 => (0..keys, ttl()).prop_map(|(key, ttl)| Op::Gat { key, ttl }),
+        2 => (proptest::collection::vec(0..keys, 0..40), proptest::option::weighted(0.3, ttl()))
+            .prop_map(|(keys, ttl)| Op::GetMany { keys, ttl }),
         1 => prop_oneof![3 => Just(0u32), 1 => 1u32..4].prop_map(|delay| Op::Flush { delay }),
         2 => (1u32..4).prop_map(|secs| Op::Advance { secs }),
         1 => (1usize..5).prop_map(|budget| Op::Crawl { budget }),
@@ -141,6 +148,7 @@ enum Out {
     Arith(Result<ArithOutcome, Error>),
     Touch(bool),
     Get(Option<(Vec<u8>, u32, u64)>),
+    GetMany(Vec<Option<(Vec<u8>, u32, u64)>>),
     Unit,
 }
 
@@ -351,6 +359,18 @@ impl Model {
                     (it.value.clone(), it.flags, it.cas)
                 }))
             }
+            Op::GetMany { ref keys, ttl } => Out::GetMany(
+                keys.iter()
+                    .map(|&key| match ttl {
+                        None => self.apply(&Op::Get { key }, 0),
+                        Some(ttl) => self.apply(&Op::Gat { key, ttl }, 0),
+                    })
+                    .map(|out| match out {
+                        Out::Get(hit) => hit,
+                        other => unreachable!("{other:?}"),
+                    })
+                    .collect(),
+            ),
             Op::Flush { delay } => {
                 if delay == 0 {
                     self.items.clear();
@@ -416,6 +436,16 @@ fn run_op(cache: &Cache, clock: &ManualClock, model: &Model, op: &Op) -> Out {
             }
         }
         Op::Gat { key, ttl: t } => Out::Get(cache.get_and_touch(&key_bytes(key), ttl(t), view)),
+        Op::GetMany { ref keys, ttl: t } => {
+            let keys: Vec<Vec<u8>> = keys.iter().map(|&k| key_bytes(k)).collect();
+            let mut got = vec![None; keys.len()];
+            let hits = cache.get_many(keys.iter().map(Vec::as_slice), t.map(ttl), |i, it| {
+                assert!(got[i].is_none(), "key {i} reported twice");
+                got[i] = Some(view(it));
+            });
+            assert_eq!(hits, got.iter().flatten().count());
+            Out::GetMany(got)
+        }
         Op::Flush { delay } => {
             cache.flush_all(if delay == 0 { 0 } else { clock.now() + delay });
             Out::Unit
@@ -445,16 +475,29 @@ fn check_sequence(ops: &[Op], config: CacheConfig, evicting: bool) -> Result<(),
         if expected.normalized() == got.normalized() {
             model = with_key;
         } else {
-            let evicted = op
-                .key()
-                .filter(|&k| evicting && model.clone().live(k).is_some());
-            let Some(key) = evicted else {
+            // Keys the model holds that the cache may have evicted since.
+            let evicted: Vec<u8> = match (op, &got) {
+                (Op::GetMany { keys, .. }, Out::GetMany(hits)) => keys
+                    .iter()
+                    .zip(hits)
+                    .filter(|(_, hit)| hit.is_none())
+                    .map(|(&k, _)| k)
+                    .collect(),
+                _ => op.key().into_iter().collect(),
+            };
+            let evicted: Vec<u8> = evicted
+                .into_iter()
+                .filter(|&k| evicting && model.clone().live(k).is_some())
+                .collect();
+            if evicted.is_empty() {
                 return Err(TestCaseError::fail(format!(
                     "step {n} {op:?}: cache {got:?}, model {expected:?}"
                 )));
-            };
+            }
             let mut without = model.clone();
-            without.items.remove(&key);
+            for key in &evicted {
+                without.items.remove(key);
+            }
             let expected_absent = without.apply(op, cas);
             prop_assert_eq!(
                 expected_absent.normalized(),

@@ -5,9 +5,9 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use foldhash::fast::RandomState;
-use hashbrown::HashTable;
 
 use super::ItemView;
+use crate::index::{prefetch, Candidate, Index};
 
 /// CLOCK reference bit: set on access, cleared by the hand.
 pub(super) const ACCESSED: u8 = 1;
@@ -47,10 +47,10 @@ pub(super) fn alloc_size(n: usize) -> usize {
 /// The per-item header: what one slab slot costs on top of the key + value allocation.
 pub(super) const HEADER_BYTES: usize = std::mem::size_of::<Option<Item>>();
 
-/// Index cost of one item: a `u32` bucket plus one control byte in hashbrown, at its 7/8 maximum
-/// load, rounded up. Growth slack (hashbrown doubles, so between 7/16 and 7/8 full; the slab `Vec`
+/// Index cost of one item: its share of a 64-byte bucket at the index's maximum load of 8 keys
+/// per bucket. Growth slack (the index doubles, so between 4 and 8 keys per bucket; the slab `Vec`
 /// also doubles) is not charged: it is bounded by the header + index part of the peak item count.
-pub(super) const INDEX_BYTES: usize = ((std::mem::size_of::<u32>() + 1) * 8).div_ceil(7);
+pub(super) const INDEX_BYTES: usize = 64 / 8;
 
 /// Bytes charged against the memory limit for an item whose key + value is `data_len` bytes.
 pub(super) fn charge(data_len: usize) -> u64 {
@@ -234,7 +234,7 @@ pub(super) struct Counters {
 pub(super) struct ShardInner {
     hasher: RandomState,
     /// Maps key hash -> slot index; keys are compared through the slab.
-    table: HashTable<u32>,
+    index: Index,
     /// The slab; `None` slots are listed in `free`.
     slots: Vec<Option<Item>>,
     free: Vec<u32>,
@@ -257,7 +257,7 @@ impl ShardInner {
     pub(super) fn new(hasher: RandomState) -> ShardInner {
         ShardInner {
             hasher,
-            table: HashTable::new(),
+            index: Index::new(),
             slots: Vec::new(),
             free: Vec::new(),
             hand: 0,
@@ -293,11 +293,48 @@ impl ShardInner {
     /// Slot of `key`, dead or alive.
     pub(super) fn find(&self, hash: u64, key: &[u8]) -> Option<u32> {
         let slots = &self.slots;
-        self.table
-            .find(hash, |&i| {
-                slots[i as usize].as_ref().is_some_and(|it| it.key() == key)
-            })
-            .copied()
+        self.index.find(hash, |i| {
+            slots[i as usize].as_ref().is_some_and(|it| it.key() == key)
+        })
+    }
+
+    /// Batched lookup, step 1 of 3 (see `Cache::get_many`): start loading the index bucket of
+    /// `hash`.
+    #[inline]
+    pub(super) fn prefetch_bucket(&self, hash: u64) {
+        self.index.prefetch(hash);
+    }
+
+    /// Step 2: read the (prefetched) bucket by tag and start loading the slab slot it names, or the
+    /// next bucket if the key may have spilled there. Returns the slot, or [`NO_SLOT`].
+    #[inline]
+    pub(super) fn prefetch_slot(&self, hash: u64) -> u32 {
+        match self.index.first_candidate(hash) {
+            Candidate::Slot(i) => {
+                // A 48-byte slot crosses a cache line every other time: load both ends.
+                let slot = self.slots.as_ptr().wrapping_add(i as usize);
+                prefetch(slot);
+                prefetch(slot.cast::<u8>().wrapping_add(HEADER_BYTES - 1));
+                i
+            }
+            Candidate::Unsure => {
+                self.index.prefetch_spill(hash);
+                NO_SLOT
+            }
+            Candidate::Absent => NO_SLOT,
+        }
+    }
+
+    /// Step 3: read the (prefetched) slot and start loading its key and value, both ends of them
+    /// when they cross a cache line. The caller then does the real lookup, which finds every line
+    /// it needs already loaded or on the way.
+    #[inline]
+    pub(super) fn prefetch_data(&self, i: u32) {
+        if let Some(Some(item)) = self.slots.get(i as usize) {
+            let p = item.data.as_ptr();
+            prefetch(p);
+            prefetch(p.wrapping_add(item.data.len().min(256).saturating_sub(1)));
+        }
     }
 
     /// Slot of a live `key`; an expired or flushed one is unlinked on the way (lazy expiry).
@@ -342,20 +379,20 @@ impl ShardInner {
             }
         };
         let (hasher, slots) = (&self.hasher, &self.slots);
-        self.table
-            .insert_unique(hash, i, |&j| Self::rehash(hasher, slots, j));
+        if self.index.needs_growth() {
+            self.index.grow(|j| Self::rehash(hasher, slots, j));
+        } else if self.index.needs_rehash() {
+            self.index.rehash(|j| Self::rehash(hasher, slots, j));
+        }
+        self.index.insert_unique(hash, i);
         i
     }
 
     /// Unlinks slot `i` and releases its charge. Returns the charge.
     pub(super) fn remove(&mut self, i: u32, mem: &Memory) -> u64 {
         let hash = Self::rehash(&self.hasher, &self.slots, i);
-        match self.table.find_entry(hash, |&j| j == i) {
-            Ok(entry) => {
-                entry.remove();
-            }
-            Err(_) => unreachable!("slab slot {i} is not indexed"),
-        }
+        let indexed = self.index.remove(hash, i);
+        assert!(indexed, "slab slot {i} is not indexed");
         let item = self.slots[i as usize].take().expect("live slot");
         self.free.push(i);
         let c = charge(item.data_len());
@@ -508,10 +545,10 @@ impl ShardInner {
                 }
             }
         }
-        if self.table.len() as u64 != items {
+        if self.index.len() as u64 != items {
             return Err(format!(
                 "index holds {} entries, slab {items} items",
-                self.table.len()
+                self.index.len()
             ));
         }
         if self.free.len() + items as usize != self.slots.len() {

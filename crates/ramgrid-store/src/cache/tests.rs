@@ -654,7 +654,7 @@ fn alloc_size_models_glibc() {
     assert_eq!(alloc_size(128 * 1024 - 1), 128 * 1024 + 16);
     assert_eq!(alloc_size(128 * 1024), 132 * 1024);
     assert_eq!(alloc_size(1 << 20), (1 << 20) + 4096);
-    assert_eq!(Cache::item_charge(1, 0), 32 + ITEM_HEADER_BYTES as u64 + 6);
+    assert_eq!(Cache::item_charge(1, 0), 32 + ITEM_HEADER_BYTES as u64 + 8);
     assert_eq!(ITEM_HEADER_BYTES, 48);
 }
 

@@ -18,8 +18,8 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::index::{Candidate, Index};
 use super::{KeyStatus, ValueRef, ValueType};
+use crate::index::{prefetch, Candidate, Index};
 
 /// Seed of the index hash. Fixed so a key hashes the same in every process (handy for debugging
 /// and for reproducible benchmarks); it is not the partitioning function.
@@ -28,19 +28,6 @@ const SEED: u64 = 0x7261_6d67_7269_6421;
 /// Keys looked up together by [`lookup_many`]: enough misses in flight to cover a
 /// memory latency of ~200 ns (as on a virtual machine), few enough that the lines stay in L1.
 const GROUP: usize = 64;
-
-/// Hint the CPU to bring `p`'s cache line in. Never dereferences `p`; a no-op off x86-64.
-#[inline(always)]
-pub(super) fn prefetch<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 is a hint: it does not fault, whatever the address, and reads nothing
-    // architecturally, so any pointer value is sound here.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
 
 /// An entry number no partition reaches (entries are u32): "not read yet" in [`lookup_many`].
 const LATE: usize = usize::MAX;

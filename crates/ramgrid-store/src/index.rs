@@ -1,4 +1,5 @@
-//! The hash index of one partition: key hash -> key slot, in buckets of one cache line each.
+//! The hash index of a table partition and of a cache shard: key hash -> slot, in buckets of one
+//! cache line each.
 //!
 //! Why not `hashbrown::HashTable`: its control bytes and its slots live in two places, so a lookup
 //! is two dependent cache misses, and it offers no way to prefetch a bucket ahead of probing it.
@@ -19,6 +20,19 @@
 //! bucket are used on average, so probing past the home bucket is the exception.
 
 use std::fmt;
+
+/// Hint the CPU to bring `p`'s cache line in. Never dereferences `p`; a no-op off x86-64.
+#[inline(always)]
+pub(crate) fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 is a hint: it does not fault, whatever the address, and reads nothing
+    // architecturally, so any pointer value is sound here.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
 
 /// Places per bucket.
 const WAYS: usize = 10;
@@ -63,6 +77,10 @@ pub(crate) struct Index {
     len: usize,
     /// Most buckets past its home that any key now in the index had to go.
     max_probe: usize,
+    /// Buckets with `overflow` set, and how many there were right after the last rebuild: deletes
+    /// never clear the flag, so under churn (a cache) the count only grows until a rebuild.
+    spilled: usize,
+    spilled_at_rebuild: usize,
 }
 
 impl fmt::Debug for Index {
@@ -81,6 +99,8 @@ impl Index {
             buckets: Vec::new(),
             len: 0,
             max_probe: 0,
+            spilled: 0,
+            spilled_at_rebuild: 0,
         }
     }
 
@@ -127,7 +147,7 @@ impl Index {
     #[inline]
     pub(crate) fn prefetch(&self, h: u64) {
         if !self.buckets.is_empty() {
-            super::partition::prefetch(self.buckets.as_ptr().wrapping_add(self.home(h)));
+            prefetch(self.buckets.as_ptr().wrapping_add(self.home(h)));
         }
     }
 
@@ -152,7 +172,7 @@ impl Index {
     pub(crate) fn prefetch_spill(&self, h: u64) {
         if !self.buckets.is_empty() {
             let b = self.next(self.home(h));
-            super::partition::prefetch(self.buckets.as_ptr().wrapping_add(b));
+            prefetch(self.buckets.as_ptr().wrapping_add(b));
         }
     }
 
@@ -212,7 +232,10 @@ impl Index {
                 break;
             }
             // At most 80% of all places are used, so an empty one exists and the loop ends.
-            bucket.overflow = 1;
+            if bucket.overflow == 0 {
+                bucket.overflow = 1;
+                self.spilled += 1;
+            }
             b = self.next(b);
             probe += 1;
         }
@@ -249,6 +272,21 @@ impl Index {
         self.buckets.iter_mut().for_each(|b| *b = Bucket::default());
         self.len = 0;
         self.max_probe = 0;
+        self.spilled = 0;
+        self.spilled_at_rebuild = 0;
+    }
+
+    /// Whether deletes have left so many stale overflow flags (twice as many spilled buckets as
+    /// the last rebuild left, plus an eighth of all buckets) that lookups of absent keys probe
+    /// too far; [`Index::rehash`] then clears them. Each rehash is paid for by the at least
+    /// `buckets / 8` inserts that spilled since the last one, so its cost is amortised O(1).
+    pub(crate) fn needs_rehash(&self) -> bool {
+        self.spilled > 2 * self.spilled_at_rebuild + self.buckets.len() / 8
+    }
+
+    /// Rebuild with the same number of buckets, dropping stale overflow flags.
+    pub(crate) fn rehash(&mut self, hash_of: impl Fn(u32) -> u64) {
+        self.rebuild(self.buckets.len(), hash_of);
     }
 
     /// Double the buckets and re-insert every key (`hash_of` gives a slot's key hash).
@@ -268,6 +306,7 @@ impl Index {
         let old = std::mem::replace(&mut self.buckets, vec![Bucket::default(); buckets]);
         self.len = 0;
         self.max_probe = 0;
+        self.spilled = 0;
         for bucket in &old {
             for i in 0..WAYS {
                 if bucket.tags[i] != 0 {
@@ -276,6 +315,7 @@ impl Index {
                 }
             }
         }
+        self.spilled_at_rebuild = self.spilled;
     }
 }
 
@@ -284,7 +324,8 @@ mod tests {
     use super::*;
 
     fn h(i: u32) -> u64 {
-        super::super::partition::key_hash(&i.to_le_bytes())
+        use std::hash::BuildHasher;
+        foldhash::fast::FixedState::with_seed(7).hash_one(i)
     }
 
     #[test]
@@ -348,6 +389,35 @@ mod tests {
         assert!(idx.remove(11, 1100) && !idx.remove(11, 1100));
         assert_eq!(idx.find(11, |_| true), None);
         assert_eq!(idx.len(), 11);
+    }
+
+    #[test]
+    fn churn_rehashes_away_stale_overflow_flags() {
+        // A cache's index: a steady number of keys, but every key is soon deleted and replaced.
+        let mut idx = Index::new();
+        let (live, mut rehashes) = (4_000u32, 0);
+        for i in 0..200_000u32 {
+            if idx.needs_growth() {
+                idx.grow(h);
+            } else if idx.needs_rehash() {
+                idx.rehash(h);
+                rehashes += 1;
+            }
+            idx.insert_unique(h(i), i);
+            if i >= live {
+                assert!(idx.remove(h(i - live), i - live));
+            }
+            assert!(
+                idx.spilled
+                    <= 2 * idx.spilled_at_rebuild + idx.buckets.len() / 8 + idx.max_probe.max(1)
+            );
+        }
+        assert_eq!(idx.len(), live as usize);
+        assert!(rehashes > 0, "churn never rehashed");
+        for i in 200_000 - live..200_000 {
+            assert_eq!(idx.find(h(i), |s| s == i), Some(i));
+        }
+        assert_eq!(idx.find(h(0), |s| s == 0), None);
     }
 
     #[test]
