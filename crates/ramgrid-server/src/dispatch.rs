@@ -321,7 +321,8 @@ fn general_stats(shared: &Shared, out: &mut Vec<u8>) {
     u(out, "cmd_touch", sum(|w| &w.cmd_touch));
     u(out, "get_hits", sum(|w| &w.get_hits));
     u(out, "get_misses", sum(|w| &w.get_misses));
-    u(out, "get_expired", sum(|w| &w.get_expired));
+    u(out, "get_expired", cache.get_expired);
+    u(out, "get_flushed", cache.get_flushed);
     u(out, "delete_misses", sum(|w| &w.delete_misses));
     u(out, "delete_hits", sum(|w| &w.delete_hits));
     u(out, "incr_misses", sum(|w| &w.incr_misses));
@@ -986,7 +987,9 @@ mod tests {
             (3, 2, 1)
         );
         s.clock.advance(11);
+        assert_eq!(s.stat("get_expired"), 0);
         assert_eq!(s.run("get n\r\n"), "END\r\n");
+        assert_eq!(s.stat("get_expired"), 1);
         assert_eq!(
             s.run("delete t\r\ndelete t\r\ndelete nope noreply\r\ndelete t 0\r\n"),
             "DELETED\r\nNOT_FOUND\r\nNOT_FOUND\r\n"
@@ -1006,6 +1009,7 @@ mod tests {
         );
         s.clock.advance(10);
         assert_eq!(s.run("get a\r\n"), "END\r\n");
+        assert_eq!((s.stat("get_flushed"), s.stat("get_expired")), (2, 0));
         assert_eq!(s.run("flush_all noreply\r\nflush_all -1\r\n"), "OK\r\n");
         assert_eq!(s.stat("cmd_flush"), 4);
         let off = server_with(CacheConfig::default(), false);
@@ -1057,6 +1061,7 @@ mod tests {
             "get_hits",
             "get_misses",
             "get_expired",
+            "get_flushed",
             "delete_misses",
             "delete_hits",
             "incr_misses",

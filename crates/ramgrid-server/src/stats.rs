@@ -25,8 +25,6 @@ pub struct WorkerStats {
     pub get_hits: AtomicU64,
     /// Keys not found by a get.
     pub get_misses: AtomicU64,
-    /// Hits of a get that found an item expired (counted in misses too).
-    pub get_expired: AtomicU64,
     /// delete hits.
     pub delete_hits: AtomicU64,
     /// delete misses.

@@ -199,6 +199,10 @@ pub struct CacheStats {
     pub expired: u64,
     /// Expired items reclaimed by the active crawler.
     pub reclaimed: u64,
+    /// Gets (get, gets, gat, gats, mg) that found their key expired: misses.
+    pub get_expired: u64,
+    /// Gets that found their key invalidated by `flush_all`: misses.
+    pub get_flushed: u64,
 }
 
 /// Options of [`Cache::get_with`], the lookup behind gets, gat and meta `mg`.
@@ -721,7 +725,7 @@ impl Cache {
         loop {
             let mut guard = shard.0.lock();
             let sh = &mut *guard;
-            if let Some(i) = sh.lookup_live(hash, key, now, at.flush_seq, &self.mem) {
+            if let Some(i) = sh.lookup_get(hash, key, now, at.flush_seq, &self.mem) {
                 if let Some(exptime) = opts.touch {
                     sh.item_mut(i).exptime = exptime;
                     sh.note_exptime(exptime);
@@ -853,6 +857,8 @@ impl Cache {
             s.evictions += c.evictions;
             s.expired += c.expired;
             s.reclaimed += c.reclaimed;
+            s.get_expired += c.get_expired;
+            s.get_flushed += c.get_flushed;
         }
         s
     }

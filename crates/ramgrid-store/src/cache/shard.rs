@@ -228,6 +228,8 @@ pub(super) struct Counters {
     pub(super) evictions: u64,
     pub(super) expired: u64,
     pub(super) reclaimed: u64,
+    pub(super) get_expired: u64,
+    pub(super) get_flushed: u64,
 }
 
 /// The state behind one shard lock.
@@ -346,15 +348,50 @@ impl ShardInner {
         flush_seq: u64,
         mem: &Memory,
     ) -> Option<u32> {
-        let i = self.find(hash, key)?;
+        self.lookup(hash, key, now, flush_seq, mem).ok()
+    }
+
+    /// [`ShardInner::lookup_live`] for a get: also counts a dead item found (`get_expired`,
+    /// `get_flushed`).
+    pub(super) fn lookup_get(
+        &mut self,
+        hash: u64,
+        key: &[u8],
+        now: u32,
+        flush_seq: u64,
+        mem: &Memory,
+    ) -> Option<u32> {
+        match self.lookup(hash, key, now, flush_seq, mem) {
+            Ok(i) => Some(i),
+            Err(death) => {
+                match death {
+                    Some(Death::Expired) => self.counters.get_expired += 1,
+                    Some(Death::Flushed) => self.counters.get_flushed += 1,
+                    None => {}
+                }
+                None
+            }
+        }
+    }
+
+    /// The live slot of `key`, or why there is none: absent (`None`), or dead and now unlinked.
+    fn lookup(
+        &mut self,
+        hash: u64,
+        key: &[u8],
+        now: u32,
+        flush_seq: u64,
+        mem: &Memory,
+    ) -> Result<u32, Option<Death>> {
+        let i = self.find(hash, key).ok_or(None)?;
         match self.item(i).death(now, flush_seq) {
-            None => Some(i),
+            None => Ok(i),
             Some(death) => {
                 if death == Death::Expired {
                     self.counters.expired += 1;
                 }
                 self.remove(i, mem);
-                None
+                Err(Some(death))
             }
         }
     }
