@@ -3,9 +3,10 @@
 //!
 //! Invariants relied on:
 //! 1. Replies are appended in request order to one output buffer; nothing is written out of order.
-//! 2. We never read more requests while replies are waiting to be written beyond `OUT_HIGH_WATER`:
-//!    a client that stops reading stalls only its own connection, and the server buffers at most
-//!    one read buffer plus one batch of replies for it (then the write timeout closes it).
+//! 2. We never read more requests while replies are waiting to be written beyond `OUT_HIGH_WATER`,
+//!    and a multi-key get writes its reply out in parts of about that size: a client that stops
+//!    reading stalls only its own connection, and the server buffers at most one read buffer plus
+//!    one batch of replies for it (then the write timeout closes it).
 //! 3. The read buffer grows only as far as one command line (`max_line_len`) plus one data block
 //!    (`max_value_len`); anything larger was refused by the parser first.
 
@@ -22,8 +23,9 @@ use crate::native::{self, NativeState};
 use crate::stats::{Shared, WorkerStats};
 
 const READ_CHUNK: usize = 16 << 10;
-/// Flush replies mid-batch once this much is pending, so a long pipeline does not pile up output.
-const OUT_HIGH_WATER: usize = 256 << 10;
+/// Flush replies mid-batch once this much is pending, so a long pipeline does not pile up output
+/// (a single multi-key get stops at the same mark, see [`Flow::Partial`]).
+const OUT_HIGH_WATER: usize = dispatch::REPLY_HIGH_WATER;
 
 /// Serves one connection: the first byte tells the native protocol (magic 0xA7) from memcached's
 /// text and meta protocols.
@@ -75,10 +77,23 @@ async fn serve_memcache(
             match parse_request(&buf[start..end], &limits) {
                 Ok((req, used)) => {
                     start += used;
-                    let flow = dispatch::execute(&req, shared, stats, &mut out);
-                    if flow == Flow::Close {
-                        let _ = flush(&mut sock, &mut out, stats, write_timeout).await;
-                        return;
+                    let mut progress = 0;
+                    loop {
+                        match dispatch::execute_part(&req, shared, stats, &mut out, &mut progress) {
+                            Flow::Continue => break,
+                            Flow::Close => {
+                                let _ = flush(&mut sock, &mut out, stats, write_timeout).await;
+                                return;
+                            }
+                            Flow::Partial => {
+                                if flush(&mut sock, &mut out, stats, write_timeout)
+                                    .await
+                                    .is_err()
+                                {
+                                    return;
+                                }
+                            }
+                        }
                     }
                     if out.len() >= OUT_HIGH_WATER
                         && flush(&mut sock, &mut out, stats, write_timeout)

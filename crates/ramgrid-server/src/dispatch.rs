@@ -2,9 +2,10 @@
 //! memcached 1.6.18 does (see `docs/protocol.md` for each command and the few deliberate
 //! differences).
 //!
-//! CONTRACT (fixed): the connection loop calls `execute` once per parsed request and appends the
-//! reply to `out`. Replies are written straight into `out`: a multi-key get allocates nothing per
-//! key.
+//! CONTRACT (fixed): the connection loop calls [`execute_part`] for each parsed request, which
+//! appends the reply to `out`, and calls it again after writing `out` out for as long as it answers
+//! [`Flow::Partial`] (a multi-key get whose reply passed [`REPLY_HIGH_WATER`]). Replies are written
+//! straight into `out`: a multi-key get allocates nothing per key.
 
 use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -26,7 +27,19 @@ pub enum Flow {
     Continue,
     /// Flush `out` and close (quit).
     Close,
+    /// The reply is not complete: write `out` out, then call [`execute_part`] again with the same
+    /// request and progress.
+    Partial,
 }
+
+/// A multi-key get stops composing its reply once this much is pending in `out`, so that the
+/// connection writes it out first: a get of many large values never holds more than this plus
+/// [`GET_CHUNK`] values in memory, and a client that stops reading stalls it there.
+pub const REPLY_HIGH_WATER: usize = 256 << 10;
+
+/// Keys a multi-key get looks up between checks of [`REPLY_HIGH_WATER`] (the store's prefetch
+/// group).
+const GET_CHUNK: usize = 16;
 
 /// The version we report. Clients only look at the `VERSION ` prefix.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "-ramgrid");
@@ -34,16 +47,37 @@ pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "-ramgrid");
 /// memcached caps `verbosity` at this level.
 const MAX_VERBOSITY: u32 = 2;
 
-/// Executes one request against the store, appending its reply (if any) to `out`.
+/// Executes one request against the store, appending its whole reply (if any) to `out`.
 pub fn execute(req: &Request<'_>, shared: &Shared, stats: &WorkerStats, out: &mut Vec<u8>) -> Flow {
+    let mut progress = 0;
+    loop {
+        match execute_part(req, shared, stats, out, &mut progress) {
+            Flow::Partial => continue,
+            flow => return flow,
+        }
+    }
+}
+
+/// Executes one request against the store, appending its reply (if any) to `out`, or the next
+/// part of it: see [`Flow::Partial`]. `progress` starts at 0 for each request and is kept between
+/// the parts.
+pub fn execute_part(
+    req: &Request<'_>,
+    shared: &Shared,
+    stats: &WorkerStats,
+    out: &mut Vec<u8>,
+    progress: &mut usize,
+) -> Flow {
     let cache = &shared.cache;
     match req {
-        Request::Get { keys, with_cas } => get(cache, keys, *with_cas, stats, out),
+        Request::Get { keys, with_cas } => {
+            return get(cache, keys, *with_cas, stats, out, progress);
+        }
         Request::Gat {
             exptime,
             keys,
             with_cas,
-        } => gat(cache, *exptime, keys, *with_cas, stats, out),
+        } => return gat(cache, *exptime, keys, *with_cas, stats, out, progress),
         Request::Store(store) => store_text(cache, store, stats, out),
         Request::Delete { key, noreply } => {
             let reply = match cache.delete(key, None, false) {
@@ -127,15 +161,19 @@ fn unless_noreply(out: &mut Vec<u8>, noreply: bool, reply: &[u8]) {
 
 // --- text protocol ------------------------------------------------------------------------------
 
-fn get(cache: &Cache, keys: &Keys<'_>, with_cas: bool, stats: &WorkerStats, out: &mut Vec<u8>) {
-    let hits = cache.get_many(keys, None, |_, it| {
-        write_value(out, it.key, it.flags, it.value, with_cas.then_some(it.cas))
-    }) as u64;
-    out.extend_from_slice(reply::END);
-    let n = keys.len() as u64;
-    WorkerStats::add(&stats.cmd_get, n);
+fn get(
+    cache: &Cache,
+    keys: &Keys<'_>,
+    with_cas: bool,
+    stats: &WorkerStats,
+    out: &mut Vec<u8>,
+    progress: &mut usize,
+) -> Flow {
+    let (asked, hits, flow) = get_values(cache, keys, None, with_cas, out, progress);
+    WorkerStats::add(&stats.cmd_get, asked);
     WorkerStats::add(&stats.get_hits, hits);
-    WorkerStats::add(&stats.get_misses, n - hits);
+    WorkerStats::add(&stats.get_misses, asked - hits);
+    flow
 }
 
 /// gat/gats count as touches, not gets (as in memcached).
@@ -146,16 +184,45 @@ fn gat(
     with_cas: bool,
     stats: &WorkerStats,
     out: &mut Vec<u8>,
-) {
+    progress: &mut usize,
+) -> Flow {
     let exptime = cache.exptime_from_protocol(exptime);
-    let hits = cache.get_many(keys, Some(exptime), |_, it| {
-        write_value(out, it.key, it.flags, it.value, with_cas.then_some(it.cas))
-    }) as u64;
-    out.extend_from_slice(reply::END);
-    let n = keys.len() as u64;
-    WorkerStats::add(&stats.cmd_touch, n);
+    let (asked, hits, flow) = get_values(cache, keys, Some(exptime), with_cas, out, progress);
+    WorkerStats::add(&stats.cmd_touch, asked);
     WorkerStats::add(&stats.touch_hits, hits);
-    WorkerStats::add(&stats.touch_misses, n - hits);
+    WorkerStats::add(&stats.touch_misses, asked - hits);
+    flow
+}
+
+/// The VALUE lines of a multi-key get (with `touch`: gat) from key number `progress` on, then
+/// `END`; or, once the reply passes [`REPLY_HIGH_WATER`], only up to there ([`Flow::Partial`]).
+/// Returns the keys looked up and the hits among them.
+fn get_values(
+    cache: &Cache,
+    keys: &Keys<'_>,
+    touch: Option<u32>,
+    with_cas: bool,
+    out: &mut Vec<u8>,
+    progress: &mut usize,
+) -> (u64, u64, Flow) {
+    let mut rest = keys.iter().skip(*progress);
+    let (mut asked, mut hits) = (0usize, 0usize);
+    loop {
+        let mut taken = 0;
+        let chunk = rest.by_ref().take(GET_CHUNK).inspect(|_| taken += 1);
+        hits += cache.get_many(chunk, touch, |_, it| {
+            write_value(out, it.key, it.flags, it.value, with_cas.then_some(it.cas))
+        });
+        asked += taken;
+        if taken < GET_CHUNK {
+            out.extend_from_slice(reply::END);
+            return (asked as u64, hits as u64, Flow::Continue);
+        }
+        if out.len() >= REPLY_HIGH_WATER {
+            *progress += asked;
+            return (asked as u64, hits as u64, Flow::Partial);
+        }
+    }
 }
 
 fn set_mode(mode: StoreMode) -> SetMode {

@@ -487,6 +487,55 @@ def test_client_that_stops_reading_does_not_grow_the_server(
     assert server.alive()
 
 
+def test_one_multi_get_of_many_large_values_does_not_grow_the_server(
+    server_factory: Callable[..., ServerProcess], raw_connect: Connect
+) -> None:
+    server = server_factory(memory="64MiB")
+    setup = raw_connect(server)
+    value = b"y" * 500_000
+    assert setup.call(b"set big 0 0 500000\r\n" + value + b"\r\n") == b"STORED\r\n"
+    rss_before = server.rss_bytes()
+
+    slow = raw_connect(server)
+    # ONE request whose reply is 500 MB: the server must write it in parts as the client reads,
+    # not compose it whole.
+    keys = 1000
+    slow.send(b"get " + b"big " * (keys - 1) + b"big\r\n")
+    peak = 0
+    for _ in range(10):
+        peak = max(peak, server.rss_bytes())
+        time.sleep(0.05)
+    other = raw_connect(server)
+    assert other.call(b"version\r\n").startswith(b"VERSION ")
+
+    growth = max(peak, server.rss_bytes()) - rss_before
+    assert growth < 128 << 20, f"RSS grew {growth >> 20} MiB on one unread {keys}-key get"
+    slow.close()
+    assert server.alive()
+
+
+def test_a_multi_get_reply_written_in_parts_is_whole_and_in_order(
+    mc_server: ServerProcess, raw_connect: Connect, unique_key: KeyFn
+) -> None:
+    conn = raw_connect(mc_server)
+    keys = [unique_key() for _ in range(4)]
+    values = {k: bytes([65 + i]) * (300_000 + i) for i, k in enumerate(keys)}
+    for k, v in values.items():
+        assert conn.call(b"set %s %d 0 %d\r\n" % (k.encode(), len(v) % 7, len(v)) + v + b"\r\n") == b"STORED\r\n"
+    missing = unique_key()
+    asked = [keys[i % 4] for i in range(30)] + [missing] + keys
+    expected = b"".join(
+        b"VALUE %s %d %d\r\n" % (k.encode(), len(values[k]) % 7, len(values[k])) + values[k] + b"\r\n"
+        for k in asked
+        if k in values
+    )
+    # About 10 MB of reply, then a pipelined request whose reply must come after all of it.
+    conn.send(b"get " + " ".join(asked).encode() + b"\r\nversion\r\n")
+    assert conn.read_exact(len(expected)) == expected
+    assert conn.readline() == b"END\r\n"
+    assert conn.readline().startswith(b"VERSION ")
+
+
 def test_garbage_does_not_take_the_server_down(
     mc_server: ServerProcess, raw_connect: Connect, unique_key: KeyFn
 ) -> None:
