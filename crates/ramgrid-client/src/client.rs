@@ -259,12 +259,12 @@ pub(crate) fn refusal(
             server: s(),
             message: e.message,
         },
-        Status::BadRequest
-        | Status::TooLarge
-        | Status::Internal
-        | Status::VersionExists
-        | Status::Ok => {
-            if matches!(e.status, Status::BadRequest | Status::TooLarge) {
+        Status::TooLarge => Error::TooLarge {
+            server: s(),
+            message: e.message,
+        },
+        Status::BadRequest | Status::Internal | Status::VersionExists | Status::Ok => {
+            if e.status == Status::BadRequest {
                 return OpError::Fatal(Error::InvalidArgument(format!(
                     "{addr} refused: {} {}",
                     e.status.name(),

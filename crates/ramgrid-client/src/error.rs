@@ -10,6 +10,16 @@ pub enum Error {
     /// The caller passed something unusable (bad address, key, value shape, acknowledgement name...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A server refused a request as too large (TOO_LARGE): its frame, or for a GET the values
+    /// it would return, pass the server's body limit. Reads split such a batch and retry by
+    /// themselves; this only surfaces when a single key is too much.
+    #[error("{server} refused the request as too large: {message}")]
+    TooLarge {
+        /// `host:port` of the server.
+        server: String,
+        /// The server's reason.
+        message: String,
+    },
     /// No connection could be made to a server.
     #[error("cannot connect to {server}: {source}")]
     Connect {
@@ -140,7 +150,7 @@ fn summarize(failures: &[(usize, String)]) -> impl fmt::Display + '_ {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {
-    /// [`Error::InvalidArgument`].
+    /// [`Error::InvalidArgument`] and [`Error::TooLarge`].
     InvalidArgument,
     /// [`Error::Connect`] and [`Error::Io`].
     ConnectionFailed,
@@ -176,7 +186,7 @@ impl Error {
     /// The kind of this error.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            Error::InvalidArgument(_) | Error::TooLarge { .. } => ErrorKind::InvalidArgument,
             Error::Connect { .. } | Error::Io { .. } => ErrorKind::ConnectionFailed,
             Error::Timeout { .. } => ErrorKind::Timeout,
             Error::Auth { .. } => ErrorKind::Auth,

@@ -141,6 +141,17 @@ impl Client {
                     attempt += 1;
                     self.on_stale(&topo, s, table)?;
                 }
+                // A reply the server would not compose (values past its body limit): read the
+                // halves, each at the version the first resolved.
+                Err(OpError::Fatal(Error::TooLarge { .. })) if idx.len() > 1 => {
+                    for &i in idx {
+                        found[i as usize] = false;
+                        out.clear(i as usize);
+                    }
+                    let (a, b) = idx.split_at(idx.len() / 2);
+                    let version = self.get_chunk(table, keys, a, version, out, found)?;
+                    return self.get_chunk(table, keys, b, version, out, found);
+                }
                 Err(OpError::Fatal(e)) => {
                     if matches!(e, Error::TableNotFound(_)) {
                         self.inner.tables.write().remove(table);

@@ -684,3 +684,33 @@ fn a_key_too_long_for_the_wire_fails_alone() {
         (&b"1"[..], &b"3"[..], &b"4"[..])
     );
 }
+
+/// Values too large for one reply frame: each server refuses its GET as too large rather than
+/// compose it (`--max-frame` 1 MiB here), and the client reads the batch in halves instead.
+#[test]
+fn a_read_whose_values_pass_the_servers_limit_is_split() {
+    let cluster = Cluster::start_with(2, &["--max-frame", "1MiB"]);
+    let c = cluster.client();
+    c.create_table("blobs", 8, 1, ValueType::Bytes).unwrap();
+    let names: Vec<String> = (0..24).map(|i| format!("blob:{i}")).collect();
+    let keys: Vec<&[u8]> = names.iter().map(|s| s.as_bytes()).collect();
+    let vals: Vec<Vec<u8>> = (0..24).map(|i| vec![i as u8; 200_000 + i]).collect();
+    for (k, v) in keys.iter().zip(&vals) {
+        c.put(
+            "blobs",
+            Keys::Slices(std::slice::from_ref(k)),
+            ValuesRef::Slices(&[v.as_slice()]),
+            0,
+        )
+        .unwrap();
+    }
+    // ~4.8 MB of values: well past one 1 MiB reply per server.
+    let got = c.get("blobs", Keys::Slices(&keys), 0).unwrap();
+    assert!(got.found.iter().all(|&f| f));
+    let Values::Bytes(b) = &got.values else {
+        panic!("bytes table")
+    };
+    for (i, v) in vals.iter().enumerate() {
+        assert_eq!(b.get(i), &v[..], "value {i}");
+    }
+}

@@ -244,6 +244,10 @@ const _: () = {
     assert!(S::OutOfMemory as u8 == W::OutOfMemory as u8);
 };
 
+/// Bytes of a GET reply body besides its status bytes and values: the version, value type and
+/// counts (section 7.2 of the spec), generously.
+const REPLY_HEADER_SLACK: usize = 64;
+
 /// Maps a store error to the frame-level refusal the protocol defines.
 fn refusal(e: &StoreError) -> ErrorReply {
     let status = match e {
@@ -256,7 +260,7 @@ fn refusal(e: &StoreError) -> ErrorReply {
         StoreError::NotHeld(p) => return ErrorReply::not_owner(vec![*p]),
         StoreError::VersionCurrent(_) => Status::BadRequest,
         StoreError::OutOfMemory => Status::OutOfMemory,
-        StoreError::TooLarge => Status::TooLarge,
+        StoreError::TooLarge | StoreError::ReplyTooLarge(_) => Status::TooLarge,
         _ => Status::BadRequest,
     };
     ErrorReply::new(status, e.to_string())
@@ -422,10 +426,16 @@ impl Conn {
                 self.values.clear();
                 // One call for the whole frame: its lookups share one prefetching pipeline
                 // whatever the number of partitions (a group per partition holds few keys).
-                tv.get_groups(
+                // No reply frame is larger than the body limit HELLO announced (that of requests):
+                // a GET whose values would pass it is refused, and never composed whole.
+                let max_values = state
+                    .max_body
+                    .saturating_sub(b.groups.key_count() + REPLY_HEADER_SLACK);
+                tv.get_groups_bounded(
                     b.groups.iter().map(|g| (g.partition, g.keys)),
                     &mut self.status,
                     &mut self.values,
+                    max_values,
                 )
                 .map_err(|e| refusal(&e))?;
                 let enc = |e: FrameError| ErrorReply::new(Status::Internal, e.to_string());

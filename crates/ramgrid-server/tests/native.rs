@@ -341,6 +341,44 @@ fn sealed_versions_refuse_writes_and_switch_atomically() {
     h.shutdown();
 }
 
+/// A GET whose values would pass the body limit (`--max-frame`, announced in HELLO) is refused with
+/// TOO_LARGE before its reply is composed whole; the connection goes on serving.
+#[test]
+fn a_get_whose_reply_passes_the_body_limit_is_refused() {
+    let h = server(&["--max-frame", "8KiB"]);
+    let mut c = Conn::open(&h);
+    assert_eq!(c.hello(b""), Status::Ok);
+    assert_eq!(create_f64(&mut c, "t", 1), Status::Ok);
+    let keys: Vec<String> = (0..1000).map(|i| format!("{i:03}")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    for (n, chunk) in keys.chunks(100).enumerate() {
+        let values: Vec<f64> = (0..chunk.len()).map(|i| (n * 100 + i) as f64).collect();
+        assert!(put_f64(&mut c, "t", 0, 0, 1, chunk, &values)
+            .iter()
+            .all(|&st| st == 0));
+    }
+    // One group of 1000 keys: a 6 KB request whose reply would be 9 KB.
+    let mut get = |keys: &[&str]| {
+        let mut out = Vec::new();
+        let mut w = KeyBatchWriter::begin(&mut out, Opcode::Get, 7, "t", 0, 0).unwrap();
+        w.group(0, keys).unwrap();
+        w.finish().unwrap();
+        c.send(&out);
+        c.reply(|r| match r {
+            Response::Get(g) => Ok(g
+                .iter()
+                .map(|(_, v)| f64::from_le_bytes(v.unwrap().try_into().unwrap()))
+                .collect::<Vec<f64>>()),
+            Response::Error(e) => Err(e.status),
+            other => panic!("GET answered {other:?}"),
+        })
+    };
+    assert_eq!(get(&keys), Err(Status::TooLarge));
+    let half: Vec<f64> = (0..500).map(f64::from).collect();
+    assert_eq!(get(&keys[..500]), Ok(half));
+    h.shutdown();
+}
+
 #[test]
 #[should_panic(expected = "kept the connection open")]
 fn expect_closed_can_fail() {

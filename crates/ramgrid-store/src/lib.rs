@@ -30,6 +30,9 @@ pub enum Error {
     /// The memory limit is reached and eviction is off, or nothing could be evicted.
     #[error("out of memory storing object")]
     OutOfMemory,
+    /// A batched read whose values would take more than this many bytes (ask for fewer keys).
+    #[error("reply over {0} bytes: ask for fewer keys at once")]
+    ReplyTooLarge(usize),
     /// No table of this name.
     #[error("no such table: {0}")]
     NoSuchTable(String),
@@ -96,7 +99,7 @@ impl Error {
     /// The kind of this error.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::TooLarge => ErrorKind::TooLarge,
+            Error::TooLarge | Error::ReplyTooLarge(_) => ErrorKind::TooLarge,
             Error::OutOfMemory => ErrorKind::OutOfMemory,
             Error::NoSuchTable(_) => ErrorKind::NoSuchTable,
             Error::TableExists(_) => ErrorKind::TableExists,

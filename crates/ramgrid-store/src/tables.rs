@@ -412,9 +412,10 @@ impl TableVersion {
                 value_type,
                 expected,
                 MAX_KEY_LEN,
+                usize::MAX,
                 status,
                 values,
-            )
+            );
         });
         Ok(())
     }
@@ -437,6 +438,23 @@ impl TableVersion {
         groups: G,
         status: &mut Vec<u8>,
         values: &mut Vec<u8>,
+    ) -> Result<()>
+    where
+        G: IntoIterator<Item = (u32, K)> + Clone,
+        K: IntoIterator<Item = &'k [u8]>,
+    {
+        self.get_groups_bounded(groups, status, values, usize::MAX)
+    }
+
+    /// [`TableVersion::get_groups`] that refuses, with [`Error::ReplyTooLarge`] and nothing
+    /// appended, a request whose values would take more than `max_values` bytes: a server
+    /// composing a reply never holds more than that, whatever a request asks for.
+    pub fn get_groups_bounded<'k, G, K>(
+        &self,
+        groups: G,
+        status: &mut Vec<u8>,
+        values: &mut Vec<u8>,
+        max_values: usize,
     ) -> Result<()>
     where
         G: IntoIterator<Item = (u32, K)> + Clone,
@@ -485,15 +503,22 @@ impl TableVersion {
             let data = part(partition);
             keys.into_iter().map(move |k| (data, k))
         });
-        partition::get_packed(
+        let (status_len, values_len) = (status.len(), values.len());
+        if partition::get_packed(
             items,
             self.value_type(),
             expected,
             MAX_KEY_LEN,
+            max_values,
             status,
             values,
-        );
-        Ok(())
+        ) {
+            Ok(())
+        } else {
+            status.truncate(status_len);
+            values.truncate(values_len);
+            Err(Error::ReplyTooLarge(max_values))
+        }
     }
 
     /// Run `f` with exclusive access to one partition of an OPEN version.

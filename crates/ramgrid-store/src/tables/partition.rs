@@ -834,53 +834,66 @@ impl PartData {
 /// partitions: the pipeline of [`lookup_many`] runs over all of them, so a request whose keys are
 /// spread thinly over many partitions overlaps its cache misses as well as one that is not.
 /// `expected` (the number of keys, if known) only sizes the buffers.
+///
+/// Returns false, having stopped appending values (statuses go on) once `values` would pass
+/// `max_values` bytes: the caller then throws the partial result away.
 pub(crate) fn get_packed<'d, 'k>(
     items: impl Iterator<Item = (&'d PartData, &'k [u8])>,
     value_type: ValueType,
     expected: usize,
     max_key: usize,
+    max_values: usize,
     status: &mut Vec<u8>,
     values: &mut Vec<u8>,
-) {
+) -> bool {
     status.reserve(expected);
+    let limit = values.len().saturating_add(max_values);
+    let mut fits = true;
     // The value type is matched once per batch; each arm is a tight per-key loop.
     match value_type {
-        ValueType::I64 => {
-            values.reserve(expected * 8);
+        ValueType::I64 | ValueType::F64 => {
+            values.reserve(expected.saturating_mul(8).min(max_values));
+            let is_i64 = value_type == ValueType::I64;
             lookup_many(items, max_key, |d, found| {
-                let (st, v) = match found {
-                    Ok(i) => (KeyStatus::Ok, d.i64s()[i]),
-                    Err(st) => (st, 0),
+                let bits = match found {
+                    Ok(i) if is_i64 => {
+                        status.push(KeyStatus::Ok as u8);
+                        d.i64s()[i] as u64
+                    }
+                    Ok(i) => {
+                        status.push(KeyStatus::Ok as u8);
+                        d.f64s()[i].to_bits()
+                    }
+                    Err(st) => {
+                        status.push(st as u8);
+                        0
+                    }
                 };
-                status.push(st as u8);
-                values.extend_from_slice(&v.to_le_bytes());
-            });
-        }
-        ValueType::F64 => {
-            values.reserve(expected * 8);
-            lookup_many(items, max_key, |d, found| {
-                let (st, v) = match found {
-                    Ok(i) => (KeyStatus::Ok, d.f64s()[i]),
-                    Err(st) => (st, 0.0),
-                };
-                status.push(st as u8);
-                values.extend_from_slice(&v.to_le_bytes());
+                fits &= values.len() + 8 <= limit;
+                if fits {
+                    values.extend_from_slice(&bits.to_le_bytes());
+                }
             });
         }
         ValueType::F32Vec { dim } => {
             let width = dim as usize * 4;
-            values.reserve(expected * width);
+            values.reserve(expected.saturating_mul(width).min(max_values));
             lookup_many(items, max_key, |d, found| {
+                let st = match found {
+                    Ok(_) => KeyStatus::Ok,
+                    Err(st) => st,
+                };
+                status.push(st as u8);
+                fits &= values.len() + width <= limit;
+                if !fits {
+                    return;
+                }
                 let start = values.len();
                 values.resize(start + width, 0);
-                match found {
-                    Ok(i) => {
-                        status.push(KeyStatus::Ok as u8);
-                        for (dst, x) in values[start..].chunks_exact_mut(4).zip(d.f32s(i)) {
-                            dst.copy_from_slice(&x.to_le_bytes());
-                        }
+                if let Ok(i) = found {
+                    for (dst, x) in values[start..].chunks_exact_mut(4).zip(d.f32s(i)) {
+                        dst.copy_from_slice(&x.to_le_bytes());
                     }
-                    Err(st) => status.push(st as u8),
                 }
             });
         }
@@ -888,12 +901,17 @@ pub(crate) fn get_packed<'d, 'k>(
             lookup_many(items, max_key, |d, found| match found {
                 Ok(i) => {
                     status.push(KeyStatus::Ok as u8);
-                    values.extend_from_slice(d.bytes_record(i));
+                    let record = d.bytes_record(i);
+                    fits &= values.len() + record.len() <= limit;
+                    if fits {
+                        values.extend_from_slice(record);
+                    }
                 }
                 Err(st) => status.push(st as u8),
             });
         }
     }
+    fits
 }
 
 /// Look up every `(partition, key)` and call `emit` with the partition and the key's entry number
