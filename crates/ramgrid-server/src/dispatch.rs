@@ -71,13 +71,13 @@ pub fn execute_part(
     let cache = &shared.cache;
     match req {
         Request::Get { keys, with_cas } => {
-            return get(cache, keys, *with_cas, stats, out, progress);
+            return get(cache, keys, None, *with_cas, stats, out, progress);
         }
         Request::Gat {
             exptime,
             keys,
             with_cas,
-        } => return gat(cache, *exptime, keys, *with_cas, stats, out, progress),
+        } => return get(cache, keys, Some(*exptime), *with_cas, stats, out, progress),
         Request::Store(store) => store_text(cache, store, stats, out),
         Request::Delete { key, noreply } => {
             let reply = match cache.delete(key, None, false) {
@@ -161,36 +161,25 @@ fn unless_noreply(out: &mut Vec<u8>, noreply: bool, reply: &[u8]) {
 
 // --- text protocol ------------------------------------------------------------------------------
 
+/// get/gets, and with `touch` gat/gats, which count as touches, not gets (as in memcached).
 fn get(
     cache: &Cache,
     keys: &Keys<'_>,
+    touch: Option<i64>,
     with_cas: bool,
     stats: &WorkerStats,
     out: &mut Vec<u8>,
     progress: &mut usize,
 ) -> Flow {
-    let (asked, hits, flow) = get_values(cache, keys, None, with_cas, out, progress);
-    WorkerStats::add(&stats.cmd_get, asked);
-    WorkerStats::add(&stats.get_hits, hits);
-    WorkerStats::add(&stats.get_misses, asked - hits);
-    flow
-}
-
-/// gat/gats count as touches, not gets (as in memcached).
-fn gat(
-    cache: &Cache,
-    exptime: i64,
-    keys: &Keys<'_>,
-    with_cas: bool,
-    stats: &WorkerStats,
-    out: &mut Vec<u8>,
-    progress: &mut usize,
-) -> Flow {
-    let exptime = cache.exptime_from_protocol(exptime);
-    let (asked, hits, flow) = get_values(cache, keys, Some(exptime), with_cas, out, progress);
-    WorkerStats::add(&stats.cmd_touch, asked);
-    WorkerStats::add(&stats.touch_hits, hits);
-    WorkerStats::add(&stats.touch_misses, asked - hits);
+    let exptime = touch.map(|t| cache.exptime_from_protocol(t));
+    let (asked, hits, flow) = get_values(cache, keys, exptime, with_cas, out, progress);
+    let (cmd, hit, miss) = match touch {
+        None => (&stats.cmd_get, &stats.get_hits, &stats.get_misses),
+        Some(_) => (&stats.cmd_touch, &stats.touch_hits, &stats.touch_misses),
+    };
+    WorkerStats::add(cmd, asked);
+    WorkerStats::add(hit, hits);
+    WorkerStats::add(miss, asked - hits);
     flow
 }
 
