@@ -74,6 +74,7 @@ use self::shard::{
     charge, Credit, Item, Memory, ShardInner, ACCESSED, FETCHED, NO_SLOT, STALE, VIVIFIED, WIN,
 };
 use crate::clock::Clock;
+use crate::index::BucketHint;
 use crate::{Error, Result};
 
 /// Configuration of a [`Cache`].
@@ -248,7 +249,7 @@ const REALTIME_MAXDELTA: i64 = 60 * 60 * 24 * 30;
 
 /// One shard lock, padded so that two shards never share a cache line.
 #[repr(align(128))]
-struct Shard(Mutex<ShardInner>);
+struct Shard(Mutex<ShardInner>, BucketHint);
 
 /// Keeps a counter that every write updates off the cache lines that every read loads.
 #[repr(align(128))]
@@ -310,7 +311,7 @@ impl Cache {
         let n = config.shards.clamp(1, 1 << 16).next_power_of_two();
         let hasher = RandomState::default();
         let shards = (0..n)
-            .map(|_| Shard(Mutex::new(ShardInner::new(hasher))))
+            .map(|_| Shard(Mutex::new(ShardInner::new(hasher)), BucketHint::default()))
             .collect();
         Cache {
             clock,
@@ -391,10 +392,11 @@ impl Cache {
     /// Same result as one call per key, but much faster when the keys are not in the CPU cache:
     /// a single lookup is three dependent cache misses (index bucket, slab slot, key and value),
     /// each ~100-200 ns on a virtual machine. Here keys go in groups of [`BATCH`]: a first pass
-    /// starts loading every key's bucket, a second reads the buckets and starts loading the slots,
-    /// a third the items, so a group waits about three misses instead of three per key. Each pass
-    /// takes the key's shard lock only to compute an address; the real lookup afterwards is the
-    /// one [`Cache::get`] does, so a key that changes in between is simply looked up anew.
+    /// starts loading every key's bucket (from the shard's bucket hint, with no lock), a second
+    /// reads the buckets and starts loading the slots, a third the items, so a group waits about
+    /// three misses instead of three per key. The later passes take the key's shard lock only to
+    /// compute an address; the real lookup afterwards is the one [`Cache::get`] does, so a key
+    /// that changes in between is simply looked up anew.
     pub fn get_many<'k>(
         &self,
         keys: impl IntoIterator<Item = &'k [u8]>,
@@ -417,10 +419,13 @@ impl Cache {
             let group = &mut group[..n];
             if n > 1 {
                 for &(_, hash, _) in group.iter() {
-                    self.shard(hash).0.lock().prefetch_bucket(hash);
+                    self.shard(hash).1.prefetch(hash);
                 }
                 for (_, hash, slot) in group.iter_mut() {
-                    *slot = self.shard(*hash).0.lock().prefetch_slot(*hash);
+                    let shard = self.shard(*hash);
+                    let sh = shard.0.lock();
+                    *slot = sh.prefetch_slot(*hash);
+                    shard.1.refresh(sh.index_hint());
                 }
                 for &(_, hash, slot) in group.iter() {
                     if slot != NO_SLOT {

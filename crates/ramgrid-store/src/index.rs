@@ -54,6 +54,40 @@ struct Bucket {
     _pad: u16,
 }
 
+/// A copy of an index's bucket address and count that readers without the index's lock can use
+/// to prefetch a home bucket. It may be stale (the index grew since): a prefetch from a stale
+/// address is harmless, it only loads nothing useful, and any mix of an old and a new field is
+/// harmless too. The owner refreshes it with [`BucketHint::refresh`] under its lock.
+#[derive(Debug, Default)]
+pub(crate) struct BucketHint {
+    ptr: std::sync::atomic::AtomicPtr<u8>,
+    len: std::sync::atomic::AtomicUsize,
+}
+
+impl BucketHint {
+    /// Record where `index`'s buckets are now.
+    #[inline]
+    pub(crate) fn refresh(&self, index: (*const u8, usize)) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.ptr.load(Relaxed).cast_const() != index.0 {
+            self.ptr.store(index.0.cast_mut(), Relaxed);
+            self.len.store(index.1, Relaxed);
+        }
+    }
+
+    /// Start loading the home bucket of `h`, as [`Index::prefetch`] would.
+    #[inline]
+    pub(crate) fn prefetch(&self, h: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (ptr, len) = (self.ptr.load(Relaxed), self.len.load(Relaxed));
+        let home = ((h as u128 * len as u128) >> 64) as usize;
+        prefetch(
+            ptr.cast_const()
+                .wrapping_add(home * std::mem::size_of::<Bucket>()),
+        );
+    }
+}
+
 /// What the home bucket alone says about a hash (see [`Index::first_candidate`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Candidate {
@@ -149,6 +183,12 @@ impl Index {
         if !self.buckets.is_empty() {
             prefetch(self.buckets.as_ptr().wrapping_add(self.home(h)));
         }
+    }
+
+    /// Where the buckets are, for [`BucketHint`]: readers that hold no lock may prefetch from it.
+    #[inline]
+    pub(crate) fn hint(&self) -> (*const u8, usize) {
+        (self.buckets.as_ptr().cast(), self.buckets.len())
     }
 
     /// Look at the home bucket only, comparing tags but not keys.
@@ -418,6 +458,32 @@ mod tests {
             assert_eq!(idx.find(h(i), |s| s == i), Some(i));
         }
         assert_eq!(idx.find(h(0), |s| s == 0), None);
+    }
+
+    #[test]
+    fn a_bucket_hint_follows_growth_and_is_harmless_when_stale() {
+        let hint = BucketHint::default();
+        hint.prefetch(h(1)); // never refreshed: a null address, still no fault
+        let mut idx = Index::new();
+        idx.grow(h);
+        hint.refresh(idx.hint());
+        let before = hint.ptr.load(std::sync::atomic::Ordering::Relaxed);
+        for i in 0..1000u32 {
+            if idx.needs_growth() {
+                idx.grow(h);
+            }
+            idx.insert_unique(h(i), i);
+        }
+        // The old buckets are freed: prefetching through the stale hint must not fault.
+        for i in 0..1000u32 {
+            hint.prefetch(h(i));
+        }
+        hint.refresh(idx.hint());
+        assert_ne!(hint.ptr.load(std::sync::atomic::Ordering::Relaxed), before);
+        assert_eq!(
+            hint.len.load(std::sync::atomic::Ordering::Relaxed),
+            idx.buckets.len()
+        );
     }
 
     #[test]

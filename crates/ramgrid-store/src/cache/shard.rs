@@ -300,14 +300,14 @@ impl ShardInner {
         })
     }
 
-    /// Batched lookup, step 1 of 3 (see `Cache::get_many`): start loading the index bucket of
-    /// `hash`.
+    /// Where the index's buckets are now, for the shard's [`crate::index::BucketHint`].
     #[inline]
-    pub(super) fn prefetch_bucket(&self, hash: u64) {
-        self.index.prefetch(hash);
+    pub(super) fn index_hint(&self) -> (*const u8, usize) {
+        self.index.hint()
     }
 
-    /// Step 2: read the (prefetched) bucket by tag and start loading the slab slot it names, or the
+    /// Batched lookup, step 2 of 3 (step 1, see `Cache::get_many`, prefetched the bucket with no
+    /// lock): read the (prefetched) bucket by tag and start loading the slab slot it names, or the
     /// next bucket if the key may have spilled there. Returns the slot, or [`NO_SLOT`].
     #[inline]
     pub(super) fn prefetch_slot(&self, hash: u64) -> u32 {
