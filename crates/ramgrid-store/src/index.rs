@@ -99,6 +99,12 @@ pub(crate) enum Candidate {
     Unsure,
 }
 
+/// The home bucket of hash `h` among `buckets`: a multiply-shift, so it takes the high bits.
+#[inline]
+fn home(h: u64, buckets: usize) -> usize {
+    ((h as u128 * buckets as u128) >> 64) as usize
+}
+
 #[inline]
 fn tag(h: u64) -> u16 {
     (h as u16).max(1)
@@ -165,7 +171,7 @@ impl Index {
 
     #[inline]
     fn home(&self, h: u64) -> usize {
-        ((h as u128 * self.buckets.len() as u128) >> 64) as usize
+        home(h, self.buckets.len())
     }
 
     #[inline]
