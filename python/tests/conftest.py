@@ -168,8 +168,9 @@ def start_memcached(
     max_item_size: str | None = None,
     max_conns: int | None = None,
     no_evict: bool = False,
+    extra: tuple[str, ...] = (),
 ) -> ServerProcess:
-    """A real memcached with the options translated from ramgrid's flags."""
+    """A real memcached with the options translated from ramgrid's flags (`extra`: memcached's own)."""
     exe = os.environ.get("MEMCACHED") or shutil.which("memcached")
     if not exe:
         pytest.fail("memcached not found: install it (make setup) or set MEMCACHED=/path/to/memcached")
@@ -187,6 +188,7 @@ def start_memcached(
         args += ["-I", str(parse_size(max_item_size))]
     if no_evict:
         args.append("-M")
+    args += list(extra)
     stderr = tempfile.SpooledTemporaryFile(max_size=1 << 20)  # noqa: SIM115 - closed by ServerProcess.stop()
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
     server = ServerProcess("memcached", proc, port, stderr)
@@ -226,6 +228,24 @@ def ramgrid_server(ramgrid_server_bin: Path) -> Iterator[str]:
     server = start_ramgrid(ramgrid_server_bin)
     yield server.addr
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def start_server(ramgrid_server_bin: Path) -> Iterator[Callable[..., ServerProcess]]:
+    """start_server("ramgrid" | "memcached", **opts) -> a server of that kind, stopped after the module."""
+    servers: list[ServerProcess] = []
+
+    def start(kind: str, **opts: object) -> ServerProcess:
+        if kind == "ramgrid":
+            server = start_ramgrid(ramgrid_server_bin, **opts)  # type: ignore[arg-type]
+        else:
+            server = start_memcached(**opts)  # type: ignore[arg-type]
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
 
 
 @pytest.fixture(scope="session", params=TARGETS)

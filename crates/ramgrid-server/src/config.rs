@@ -52,9 +52,13 @@ pub struct Config {
     /// Cluster spec file (one `host:port` per line, in order); without it the server waits for SET_SPEC.
     #[arg(long, env = "RAMGRID_CLUSTER_SPEC")]
     pub cluster_spec: Option<std::path::PathBuf>,
-    /// Auth token native clients must present in HELLO. Required to listen on a non-loopback address.
+    /// Auth token: native clients present it in HELLO, memcached clients as the password of memcached's
+    /// text-protocol authentication. Required to listen on a non-loopback address; never empty.
     #[arg(long, env = "RAMGRID_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// With a token: close a connection that has not authenticated within this many seconds.
+    #[arg(long, default_value_t = 10)]
+    pub auth_timeout_secs: u64,
     /// Allow listening on a non-loopback address without a token. Anyone who can reach the port can read and write everything.
     #[arg(long)]
     pub insecure_no_auth: bool,
@@ -82,6 +86,14 @@ impl Config {
 
     /// Refuses configurations that are unsafe or contradictory, with a message saying what to change.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(token) = &self.token {
+            // An empty secret would let every client in: refuse it rather than read it as "no auth".
+            if token.trim().is_empty() {
+                return Err("the auth token (--token or RAMGRID_TOKEN) is empty: an empty token would \
+                            let anyone in; set a real secret, or unset it on a loopback address"
+                    .to_string());
+            }
+        }
         if !self.listen.ip().is_loopback() && self.token.is_none() && !self.insecure_no_auth {
             return Err(format!(
                 "refusing to listen on non-loopback address {} without an auth token: pass --token (or RAMGRID_TOKEN), \
@@ -108,6 +120,11 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// How long a connection may stay unauthenticated (only with a token).
+    pub fn auth_timeout(&self) -> Duration {
+        Duration::from_secs(self.auth_timeout_secs.max(1))
     }
 
     /// The write timeout as a duration.
@@ -182,5 +199,15 @@ mod tests {
         assert!(c.validate().is_ok());
         let c = Config::parse_from(["x", "--listen", "0.0.0.0:7000", "--insecure-no-auth"]);
         assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn an_empty_token_is_refused() {
+        for token in ["", "   "] {
+            for listen in ["0.0.0.0:7000", "127.0.0.1:7000"] {
+                let c = Config::parse_from(["x", "--listen", listen, "--token", token]);
+                assert!(c.validate().unwrap_err().contains("empty"), "{listen} {token:?}");
+            }
+        }
     }
 }

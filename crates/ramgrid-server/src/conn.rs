@@ -13,11 +13,14 @@
 use std::io;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use ramgrid_proto::memcache::{parse_request, ParseError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use crate::auth;
 use crate::dispatch::{self, Flow};
 use crate::native::{self, NativeState};
 use crate::stats::{Shared, WorkerStats};
@@ -38,18 +41,48 @@ pub async fn serve(
     write_timeout: Duration,
 ) {
     let mut buf = vec![0u8; READ_CHUNK];
-    let Some(end) = read_or_stop(&mut sock, &mut buf, &mut stop, stats).await else {
+    // With a token, a connection must authenticate (in either protocol) before this deadline.
+    let auth_deadline = shared
+        .settings
+        .token
+        .as_ref()
+        .map(|_| Instant::now() + shared.settings.auth_timeout);
+    let Some(end) = read_or_stop(&mut sock, &mut buf, &mut stop, stats, auth_deadline).await
+    else {
         return;
     };
     if ramgrid_proto::native::is_native_first_byte(buf[0]) {
-        native::serve(sock, buf, end, native_state, stats, stop, write_timeout).await;
+        native::serve(
+            sock,
+            buf,
+            end,
+            native_state,
+            stats,
+            stop,
+            write_timeout,
+            auth_deadline,
+        )
+        .await;
     } else {
-        serve_memcache(sock, buf, end, shared, stats, stop, write_timeout).await;
+        serve_memcache(
+            sock,
+            buf,
+            end,
+            shared,
+            stats,
+            stop,
+            write_timeout,
+            auth_deadline,
+        )
+        .await;
     }
 }
 
 /// Serves a memcached-protocol connection until the client closes it, a fatal protocol error,
 /// `quit`, a write timeout, or server shutdown. `buf[..end]` holds the bytes already read.
+/// `auth_deadline` is set when the server has a token: until the connection authenticates (see
+/// [`crate::auth`]) nothing else is answered, and at the deadline it is closed.
+#[expect(clippy::too_many_arguments)]
 async fn serve_memcache(
     mut sock: TcpStream,
     mut buf: Vec<u8>,
@@ -58,6 +91,7 @@ async fn serve_memcache(
     stats: &WorkerStats,
     mut stop: watch::Receiver<bool>,
     write_timeout: Duration,
+    mut auth_deadline: Option<Instant>,
 ) {
     let limits = shared.settings.limits;
     let mut start = 0usize;
@@ -77,6 +111,26 @@ async fn serve_memcache(
             match parse_request(&buf[start..end], &limits) {
                 Ok((req, used)) => {
                     start += used;
+                    if auth_deadline.is_some() {
+                        let token = shared.settings.token.as_deref().unwrap_or_default();
+                        let outcome = auth::memcache_auth(&req, token);
+                        if outcome == auth::MemcacheAuth::Authenticated {
+                            // memcached answers even with noreply, and stores nothing.
+                            out.extend_from_slice(outcome.reply());
+                            auth_deadline = None;
+                            continue;
+                        }
+                        // memcached drops what else was read (answering for it instead, if
+                        // anything was) and waits for another try.
+                        let more = start < end;
+                        out.extend_from_slice(if more {
+                            auth::UNAUTHENTICATED
+                        } else {
+                            outcome.reply()
+                        });
+                        start = end;
+                        break;
+                    }
                     let mut progress = 0;
                     loop {
                         match dispatch::execute_part(&req, shared, stats, &mut out, &mut progress) {
@@ -104,6 +158,13 @@ async fn serve_memcache(
                     }
                 }
                 Err(ParseError::Incomplete) => break,
+                Err(ParseError::Recoverable { .. } | ParseError::Fatal { .. })
+                    if auth_deadline.is_some() =>
+                {
+                    out.extend_from_slice(auth::UNAUTHENTICATED);
+                    start = end;
+                    break;
+                }
                 Err(ParseError::Recoverable { consumed, reply }) => {
                     let here = consumed.min(end - start);
                     start += here;
@@ -147,7 +208,8 @@ async fn serve_memcache(
             buf.resize(want, 0);
         }
 
-        let Some(n) = read_or_stop(&mut sock, &mut buf[end..], &mut stop, stats).await else {
+        let Some(n) = read_or_stop(&mut sock, &mut buf[end..], &mut stop, stats, auth_deadline).await
+        else {
             return;
         };
         end += n;
@@ -161,19 +223,27 @@ async fn serve_memcache(
 }
 
 /// Reads what the socket has into `buf` and counts it; `None` when the peer closed, the read
-/// failed, or the server is shutting down.
+/// failed, the server is shutting down, or `deadline` (if any) passed first.
 pub(crate) async fn read_or_stop(
     sock: &mut TcpStream,
     buf: &mut [u8],
     stop: &mut watch::Receiver<bool>,
     stats: &WorkerStats,
+    deadline: Option<Instant>,
 ) -> Option<usize> {
+    let expired = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
     let n = tokio::select! {
         r = sock.read(buf) => match r {
             Ok(0) | Err(_) => return None,
             Ok(n) => n,
         },
         _ = stop.changed() => return None,
+        _ = expired => return None,
     };
     WorkerStats::add(&stats.bytes_read, n as u64);
     Some(n)

@@ -800,6 +800,8 @@ mod tests {
                 max_conns: 100,
                 limits: Limits::default(),
                 flush_enabled,
+                token: None,
+                auth_timeout: std::time::Duration::from_secs(10),
             },
             started: Instant::now(),
             started_unix: EPOCH,

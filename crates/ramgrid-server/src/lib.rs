@@ -4,6 +4,7 @@
 
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod config;
 pub mod conn;
 pub mod dispatch;

@@ -24,7 +24,9 @@ use ramgrid_store::tables::{
 use ramgrid_store::Error as StoreError;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
+use crate::auth;
 use crate::conn::{flush, read_or_stop};
 use crate::stats::WorkerStats;
 
@@ -105,7 +107,9 @@ fn held_partitions(cluster: Option<&ClusterState>, table: &TableSpec) -> Vec<u32
     }
 }
 
-/// Serves a native-protocol connection. `buf[..end]` already holds the first bytes read.
+/// Serves a native-protocol connection. `buf[..end]` already holds the first bytes read. With a
+/// token, a connection that has not sent a good HELLO by `auth_deadline` is closed.
+#[expect(clippy::too_many_arguments)]
 pub async fn serve(
     mut sock: TcpStream,
     mut buf: Vec<u8>,
@@ -114,6 +118,7 @@ pub async fn serve(
     stats: &WorkerStats,
     mut stop: watch::Receiver<bool>,
     write_timeout: Duration,
+    auth_deadline: Option<Instant>,
 ) {
     let mut conn = Conn {
         authed: state.token.is_none(),
@@ -188,7 +193,9 @@ pub async fn serve(
                 buf.resize(grow, 0);
             }
         }
-        let Some(n) = read_or_stop(&mut sock, &mut buf[end..], &mut stop, stats).await else {
+        let deadline = auth_deadline.filter(|_| !conn.authed);
+        let Some(n) = read_or_stop(&mut sock, &mut buf[end..], &mut stop, stats, deadline).await
+        else {
             return;
         };
         end += n;
@@ -301,14 +308,7 @@ impl Conn {
                     ));
                 }
                 if let Some(token) = &state.token {
-                    // Constant-time enough for a shared secret compared once per connection.
-                    let ok = h.token.len() == token.len()
-                        && h.token
-                            .iter()
-                            .zip(token.as_bytes())
-                            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                            == 0;
-                    if !ok {
+                    if !auth::token_matches(h.token, token) {
                         self.authed = false;
                         return Err(ErrorReply::new(Status::AuthFailed, "wrong auth token"));
                     }

@@ -115,6 +115,8 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
             max_conns: config.max_conns,
             limits,
             flush_enabled: !config.disable_flush_all,
+            token: config.token.clone(),
+            auth_timeout: config.auth_timeout(),
         },
         started: Instant::now(),
         started_unix: SystemTime::now()

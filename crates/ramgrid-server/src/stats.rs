@@ -76,6 +76,10 @@ pub struct Settings {
     pub limits: Limits,
     /// Whether `flush_all` is allowed.
     pub flush_enabled: bool,
+    /// The auth token both protocols require, if any (see [`crate::auth`]).
+    pub token: Option<String>,
+    /// How long a connection may stay unauthenticated.
+    pub auth_timeout: std::time::Duration,
 }
 
 /// Everything the workers share.
