@@ -92,7 +92,10 @@ mod tests {
         assert_eq!(first(b"set any 0 0 9\r\nuser  tok\r\n"), Authenticated);
         assert_eq!(first(b"set any 0 0 9\r\n user tok\r\n"), Authenticated);
         assert_eq!(first(b"set any 0 0 10\r\nuser tok x\r\n"), Authenticated);
-        assert_eq!(first(b"set any 0 0 8 noreply\r\nuser tok\r\n"), Authenticated);
+        assert_eq!(
+            first(b"set any 0 0 8 noreply\r\nuser tok\r\n"),
+            Authenticated
+        );
         assert_eq!(first(b"set any 0 0 8\r\nuser bad\r\n"), Failed);
         assert_eq!(first(b"set any 0 0 9\r\nuser tok2\r\n"), Failed);
         assert_eq!(first(b"set any 0 0 4\r\n tok\r\n"), BadFormat);

@@ -46,7 +46,12 @@ pub struct Config {
     /// Memory limit for native tables (authoritative data: never evicted; writes past it are refused).
     #[arg(long, default_value = "1GiB", value_parser = parse_size, env = "RAMGRID_TABLE_MEMORY")]
     pub table_memory: u64,
-    /// Largest native frame body accepted; a larger length prefix closes the connection.
+    /// Memory for connection buffers beyond each connection's small fixed base, across all
+    /// connections and both protocols (large requests and replies wait for it, see buffers.rs).
+    #[arg(long, default_value = "64MiB", value_parser = parse_size, env = "RAMGRID_BUFFER_MEMORY")]
+    pub buffer_memory: u64,
+    /// Largest native frame body accepted; a larger length prefix closes the connection. HELLO
+    /// announces the smaller of this and a quarter of `--buffer-memory`.
     #[arg(long, default_value = "256MiB", value_parser = parse_size)]
     pub max_frame: u64,
     /// Cluster spec file (one `host:port` per line, in order); without it the server waits for SET_SPEC.
@@ -89,9 +94,11 @@ impl Config {
         if let Some(token) = &self.token {
             // An empty secret would let every client in: refuse it rather than read it as "no auth".
             if token.trim().is_empty() {
-                return Err("the auth token (--token or RAMGRID_TOKEN) is empty: an empty token would \
+                return Err(
+                    "the auth token (--token or RAMGRID_TOKEN) is empty: an empty token would \
                             let anyone in; set a real secret, or unset it on a loopback address"
-                    .to_string());
+                        .to_string(),
+                );
             }
         }
         if !self.listen.ip().is_loopback() && self.token.is_none() && !self.insecure_no_auth {
@@ -113,6 +120,14 @@ impl Config {
                 self.max_item_size
             ));
         }
+        // The largest memcached request (a line and a data block) must fit in the buffer budget.
+        if self.buffer_memory < 2 * (self.max_item_size + self.max_line) {
+            return Err(format!(
+                "--buffer-memory ({}) must be at least twice --max-item-size + --max-line ({})",
+                self.buffer_memory,
+                self.max_item_size + self.max_line
+            ));
+        }
         if self.memory < self.max_item_size {
             return Err(format!(
                 "--memory ({}) must be at least --max-item-size ({})",
@@ -120,6 +135,13 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// The largest native frame body this server accepts and announces in HELLO: `--max-frame`,
+    /// but no more than a quarter of `--buffer-memory`, so several such frames fit at once.
+    pub fn max_body(&self) -> usize {
+        let quarter = self.buffer_memory / 4;
+        usize::try_from(self.max_frame.min(quarter)).unwrap_or(usize::MAX)
     }
 
     /// How long a connection may stay unauthenticated (only with a token).
@@ -206,7 +228,10 @@ mod tests {
         for token in ["", "   "] {
             for listen in ["0.0.0.0:7000", "127.0.0.1:7000"] {
                 let c = Config::parse_from(["x", "--listen", listen, "--token", token]);
-                assert!(c.validate().unwrap_err().contains("empty"), "{listen} {token:?}");
+                assert!(
+                    c.validate().unwrap_err().contains("empty"),
+                    "{listen} {token:?}"
+                );
             }
         }
     }

@@ -21,11 +21,15 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::auth;
+use crate::buffers::ConnMemory;
 use crate::dispatch::{self, Flow};
 use crate::native::{self, NativeState};
 use crate::stats::{Shared, WorkerStats};
 
 const READ_CHUNK: usize = 16 << 10;
+/// A reply buffer's base: what it keeps between bursts; anything beyond is charged to the
+/// buffer budget while held (see [`crate::buffers`]).
+pub(crate) const OUT_BASE: usize = 64 << 10;
 /// Flush replies mid-batch once this much is pending, so a long pipeline does not pile up output
 /// (a single multi-key get stops at the same mark, see [`Flow::Partial`]).
 const OUT_HIGH_WATER: usize = dispatch::REPLY_HIGH_WATER;
@@ -41,14 +45,14 @@ pub async fn serve(
     write_timeout: Duration,
 ) {
     let mut buf = vec![0u8; READ_CHUNK];
+    let mut mem = ConnMemory::new(&shared.buffers);
     // With a token, a connection must authenticate (in either protocol) before this deadline.
     let auth_deadline = shared
         .settings
         .token
         .as_ref()
         .map(|_| Instant::now() + shared.settings.auth_timeout);
-    let Some(end) = read_or_stop(&mut sock, &mut buf, &mut stop, stats, auth_deadline).await
-    else {
+    let Some(end) = read_or_stop(&mut sock, &mut buf, &mut stop, stats, auth_deadline).await else {
         return;
     };
     if ramgrid_proto::native::is_native_first_byte(buf[0]) {
@@ -61,6 +65,7 @@ pub async fn serve(
             stop,
             write_timeout,
             auth_deadline,
+            &mut mem,
         )
         .await;
     } else {
@@ -73,6 +78,7 @@ pub async fn serve(
             stop,
             write_timeout,
             auth_deadline,
+            &mut mem,
         )
         .await;
     }
@@ -92,6 +98,7 @@ async fn serve_memcache(
     mut stop: watch::Receiver<bool>,
     write_timeout: Duration,
     mut auth_deadline: Option<Instant>,
+    mem: &mut ConnMemory<'_>,
 ) {
     let limits = shared.settings.limits;
     let mut start = 0usize;
@@ -136,11 +143,11 @@ async fn serve_memcache(
                         match dispatch::execute_part(&req, shared, stats, &mut out, &mut progress) {
                             Flow::Continue => break,
                             Flow::Close => {
-                                let _ = flush(&mut sock, &mut out, stats, write_timeout).await;
+                                let _ = flush(&mut sock, &mut out, stats, write_timeout, mem).await;
                                 return;
                             }
                             Flow::Partial => {
-                                if flush(&mut sock, &mut out, stats, write_timeout)
+                                if flush(&mut sock, &mut out, stats, write_timeout, mem)
                                     .await
                                     .is_err()
                                 {
@@ -150,7 +157,7 @@ async fn serve_memcache(
                         }
                     }
                     if out.len() >= OUT_HIGH_WATER
-                        && flush(&mut sock, &mut out, stats, write_timeout)
+                        && flush(&mut sock, &mut out, stats, write_timeout, mem)
                             .await
                             .is_err()
                     {
@@ -173,13 +180,13 @@ async fn serve_memcache(
                 }
                 Err(ParseError::Fatal { reply, .. }) => {
                     out.extend_from_slice(reply.as_bytes());
-                    let _ = flush(&mut sock, &mut out, stats, write_timeout).await;
+                    let _ = flush(&mut sock, &mut out, stats, write_timeout, mem).await;
                     return;
                 }
             }
         }
         if !out.is_empty()
-            && flush(&mut sock, &mut out, stats, write_timeout)
+            && flush(&mut sock, &mut out, stats, write_timeout, mem)
                 .await
                 .is_err()
         {
@@ -199,25 +206,34 @@ async fn serve_memcache(
             start = 0;
         }
         if buf.len() - end < READ_CHUNK / 2 {
-            let max = limits.max_line_len + limits.max_value_len + 64;
-            let want = (buf.len() * 2).min(max.max(READ_CHUNK));
+            let max = (limits.max_line_len + limits.max_value_len + 64).max(READ_CHUNK);
+            let want = (buf.len() * 2).min(max);
             if want <= buf.len() {
                 // Cannot happen while the parser enforces its limits; refuse rather than grow.
+                return;
+            }
+            // Growth is granted once for the largest request the parser accepts, so a
+            // connection never waits for memory while it holds part of a grant.
+            let deadline = Instant::now() + write_timeout;
+            if !mem.grow_read(max - READ_CHUNK, deadline).await {
                 return;
             }
             buf.resize(want, 0);
         }
 
-        let Some(n) = read_or_stop(&mut sock, &mut buf[end..], &mut stop, stats, auth_deadline).await
+        let Some(n) =
+            read_or_stop(&mut sock, &mut buf[end..], &mut stop, stats, auth_deadline).await
         else {
             return;
         };
         end += n;
-        // Shrink a buffer that grew for one big value once it is drained, so idle connections stay small.
-        if start == end && buf.len() > 4 * READ_CHUNK {
+        // Shrink a buffer that grew for one big value once it is drained, so idle connections stay
+        // small, and give its grant back.
+        if start == end && buf.len() > READ_CHUNK {
             buf = vec![0u8; READ_CHUNK];
             start = 0;
             end = 0;
+            mem.shrink_read();
         }
     }
 }
@@ -250,13 +266,16 @@ pub(crate) async fn read_or_stop(
 }
 
 /// Writes `out` whole within `timeout` (a client that stops reading is cut off), counts it, and
-/// empties it, giving back memory a burst made it grow to.
+/// empties it, giving back (to the allocator and to the buffer budget) memory a burst made it
+/// grow to. What it holds beyond its base is charged while it waits to be written.
 pub(crate) async fn flush(
     sock: &mut TcpStream,
     out: &mut Vec<u8>,
     stats: &WorkerStats,
     timeout: Duration,
+    mem: &mut ConnMemory<'_>,
 ) -> io::Result<()> {
+    mem.settle_reply(out.capacity().saturating_sub(OUT_BASE));
     let r = match tokio::time::timeout(timeout, sock.write_all(out)).await {
         Ok(r) => r,
         Err(_) => Err(io::Error::new(
@@ -266,8 +285,9 @@ pub(crate) async fn flush(
     };
     WorkerStats::add(&stats.bytes_written, out.len() as u64);
     out.clear();
-    if out.capacity() > 4 * OUT_HIGH_WATER {
-        out.shrink_to(READ_CHUNK);
+    if out.capacity() > OUT_BASE {
+        out.shrink_to(OUT_BASE);
     }
+    mem.settle_reply(out.capacity().saturating_sub(OUT_BASE));
     r
 }

@@ -795,6 +795,7 @@ mod tests {
         let clock = Arc::new(ManualClock::new(EPOCH));
         let shared = Shared {
             cache: Cache::new(config, clock.clone()),
+            buffers: crate::buffers::BufferMemory::new(64 << 20),
             settings: Settings {
                 threads: 2,
                 max_conns: 100,

@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod buffers;
 pub mod config;
 pub mod conn;
 pub mod dispatch;

@@ -27,12 +27,16 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::auth;
-use crate::conn::{flush, read_or_stop};
+use crate::buffers::ConnMemory;
+use crate::conn::{flush, read_or_stop, OUT_BASE};
 use crate::stats::WorkerStats;
 
 /// Flush replies mid-batch once this much is pending.
 const OUT_HIGH_WATER: usize = 1 << 20;
 const READ_CHUNK: usize = 64 << 10;
+/// How long a GET waits for buffer memory before composing only what fits (the client then asks
+/// for fewer keys at once).
+const REPLY_MEMORY_WAIT: Duration = Duration::from_millis(100);
 
 /// The installed cluster spec and what this server derives from it.
 #[derive(Debug, Clone)]
@@ -119,11 +123,11 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
     write_timeout: Duration,
     auth_deadline: Option<Instant>,
+    mem: &mut ConnMemory<'_>,
 ) {
     let mut conn = Conn {
         authed: state.token.is_none(),
         status: Vec::new(),
-        values: Vec::new(),
     };
     let mut out = Vec::with_capacity(READ_CHUNK);
     let mut start = 0usize;
@@ -138,14 +142,25 @@ pub async fn serve(
                             let e = ErrorReply::new(Status::BadRequest, "malformed request body");
                             let _ =
                                 wire::encode_error(&mut out, frame.opcode, frame.request_id, &e);
-                            let _ = flush(&mut sock, &mut out, stats, write_timeout).await;
+                            let _ = flush(&mut sock, &mut out, stats, write_timeout, mem).await;
                             return;
                         }
                     };
-                    conn.handle(state, frame.opcode, frame.request_id, &req, &mut out);
+                    // A GET reserves its reply's room in the buffer budget before composing it
+                    // (briefly waiting when the budget is short); other replies are small.
+                    let room = match &req {
+                        Request::Get(b) => {
+                            let want = reply_bound(state, b);
+                            OUT_BASE.saturating_sub(out.len())
+                                + mem.reserve_reply(want, REPLY_MEMORY_WAIT).await
+                        }
+                        _ => state.max_body,
+                    };
+                    conn.handle(state, frame.opcode, frame.request_id, &req, &mut out, room);
+                    mem.settle_reply(out.capacity().saturating_sub(OUT_BASE));
                     start += used;
                     if out.len() >= OUT_HIGH_WATER
-                        && flush(&mut sock, &mut out, stats, write_timeout)
+                        && flush(&mut sock, &mut out, stats, write_timeout, mem)
                             .await
                             .is_err()
                     {
@@ -153,26 +168,31 @@ pub async fn serve(
                     }
                 }
                 Err(FrameError::Incomplete { needed }) => {
-                    // Grow once to the size the header announced (bounded by max_body).
+                    // Grow once to the size the header announced (bounded by max_body), after the
+                    // buffer budget granted it (backpressure: the frame waits, unread, meanwhile).
                     if needed > buf.len() - start {
                         buf.copy_within(start..end, 0);
                         end -= start;
                         start = 0;
                         if needed > buf.len() {
-                            buf.resize(needed.max(READ_CHUNK), 0);
+                            let deadline = Instant::now() + write_timeout;
+                            if !mem.grow_read(needed - READ_CHUNK, deadline).await {
+                                return;
+                            }
+                            buf.resize(needed, 0);
                         }
                     }
                     break;
                 }
                 Err(_) => {
                     // Bad magic, unknown opcode, oversized body: the peer broke the protocol.
-                    let _ = flush(&mut sock, &mut out, stats, write_timeout).await;
+                    let _ = flush(&mut sock, &mut out, stats, write_timeout, mem).await;
                     return;
                 }
             }
         }
         if !out.is_empty()
-            && flush(&mut sock, &mut out, stats, write_timeout)
+            && flush(&mut sock, &mut out, stats, write_timeout, mem)
                 .await
                 .is_err()
         {
@@ -181,15 +201,23 @@ pub async fn serve(
         if start == end {
             start = 0;
             end = 0;
-            if buf.len() > 4 * READ_CHUNK {
+            if buf.len() > READ_CHUNK {
                 buf = vec![0u8; READ_CHUNK];
+                mem.shrink_read();
             }
         } else if buf.len() - end < READ_CHUNK / 4 {
             buf.copy_within(start..end, 0);
             end -= start;
             start = 0;
             if buf.len() - end < READ_CHUNK / 4 {
+                // Only a frame header is left unparsed here (whole frames were parsed above).
                 let grow = buf.len() + READ_CHUNK;
+                if !mem
+                    .grow_read(grow - READ_CHUNK, Instant::now() + write_timeout)
+                    .await
+                {
+                    return;
+                }
                 buf.resize(grow, 0);
             }
         }
@@ -206,7 +234,6 @@ pub async fn serve(
 struct Conn {
     authed: bool,
     status: Vec<u8>,
-    values: Vec<u8>,
 }
 
 fn store_value_type(vt: wire::ValueType) -> ValueType {
@@ -255,6 +282,23 @@ const _: () = {
 /// counts (section 7.2 of the spec), generously.
 const REPLY_HEADER_SLACK: usize = 64;
 
+/// The most a GET's reply can take: exact for fixed-width values; the body limit for bytes.
+fn reply_bound(state: &NativeState, get: &wire::KeyBatch<'_>) -> usize {
+    let keys = get.groups.key_count();
+    let width = state
+        .tables
+        .value_type(get.table)
+        .ok()
+        .and_then(|vt| vt.packed_width());
+    match width {
+        Some(w) => keys
+            .saturating_mul(w + 1)
+            .saturating_add(REPLY_HEADER_SLACK + wire::HEADER_LEN)
+            .min(state.max_body),
+        None => state.max_body,
+    }
+}
+
 /// Maps a store error to the frame-level refusal the protocol defines.
 fn refusal(e: &StoreError) -> ErrorReply {
     let status = match e {
@@ -281,8 +325,9 @@ impl Conn {
         id: u64,
         req: &Request<'_>,
         out: &mut Vec<u8>,
+        room: usize,
     ) {
-        if let Err(e) = self.try_handle(state, op, id, req, out) {
+        if let Err(e) = self.try_handle(state, op, id, req, out, room) {
             let _ = wire::encode_error(out, op, id, &e);
         }
     }
@@ -294,6 +339,7 @@ impl Conn {
         id: u64,
         req: &Request<'_>,
         out: &mut Vec<u8>,
+        room: usize,
     ) -> Result<(), ErrorReply> {
         let done = |out: &mut Vec<u8>, resp: Response<'_>| {
             resp.encode(out, op, id)
@@ -422,29 +468,32 @@ impl Conn {
                     .at(b.table, b.version)
                     .map_err(|e| refusal(&e))?;
                 check_held(&tv, b.groups.iter().map(|g| g.partition))?;
-                self.status.clear();
-                self.values.clear();
                 // One call for the whole frame: its lookups share one prefetching pipeline
                 // whatever the number of partitions (a group per partition holds few keys).
-                // No reply frame is larger than the body limit HELLO announced (that of requests):
-                // a GET whose values would pass it is refused, and never composed whole.
+                // No reply frame is larger than the body limit HELLO announced (that of requests)
+                // nor than the room the buffer budget gave it: a GET whose values would pass
+                // either is refused (TOO_LARGE: the client asks for fewer keys), never composed
+                // whole. The values go straight into the reply frame.
+                let keys = b.groups.key_count();
                 let max_values = state
                     .max_body
-                    .saturating_sub(b.groups.key_count() + REPLY_HEADER_SLACK);
-                tv.get_groups_bounded(
-                    b.groups.iter().map(|g| (g.partition, g.keys)),
-                    &mut self.status,
-                    &mut self.values,
-                    max_values,
-                )
-                .map_err(|e| refusal(&e))?;
+                    .min(room)
+                    .saturating_sub(keys + REPLY_HEADER_SLACK);
                 let enc = |e: FrameError| ErrorReply::new(Status::Internal, e.to_string());
                 let wvt = wire_value_type(tv.value_type());
-                let mut w = GetReplyWriter::begin(out, id, tv.version(), wvt, self.status.len())
-                    .map_err(enc)?;
+                let mut w = GetReplyWriter::begin(out, id, tv.version(), wvt, keys).map_err(enc)?;
                 // The store's packed layout is the wire's (7.2) and its status bytes are the
-                // wire's (checked at compile time next to `refusal`), so the reply is two copies.
-                w.push_packed(&self.status, &self.values).map_err(enc)?;
+                // wire's (checked at compile time next to `refusal`).
+                w.fill_packed(&mut self.status, |status, values| {
+                    tv.get_groups_bounded(
+                        b.groups.iter().map(|g| (g.partition, g.keys)),
+                        status,
+                        values,
+                        max_values,
+                    )
+                })
+                .map_err(enc)?
+                .map_err(|e| refusal(&e))?;
                 w.finish().map_err(enc)
             }
             Request::Put(p) => {

@@ -86,6 +86,8 @@ pub struct Settings {
 pub struct Shared {
     /// The memcached keyspace.
     pub cache: Cache,
+    /// The budget of connection buffers, both protocols.
+    pub buffers: crate::buffers::BufferMemory,
     /// Start-up settings.
     pub settings: Settings,
     /// When the server started.

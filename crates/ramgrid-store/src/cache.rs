@@ -318,10 +318,7 @@ impl Cache {
             shards,
             shard_mask: n - 1,
             hasher,
-            mem: Padded(Memory {
-                used: AtomicU64::new(0),
-                limit: config.memory_limit as u64,
-            }),
+            mem: Padded(Memory::new(config.memory_limit)),
             evict: config.evict,
             max_item_size: config.max_item_size,
             seq: Padded(AtomicU64::new(0)),
@@ -851,7 +848,7 @@ impl Cache {
     /// Current counters.
     pub fn stats(&self) -> CacheStats {
         let mut s = CacheStats {
-            limit_maxbytes: self.mem.limit,
+            limit_maxbytes: self.mem.limit() as u64,
             ..CacheStats::default()
         };
         for shard in self.shards.iter() {
@@ -892,16 +889,16 @@ impl Cache {
             g.check().map_err(|e| format!("shard {n}: {e}"))?;
             bytes += g.counters.bytes;
         }
-        let used = self.mem.used.load(Ordering::SeqCst);
+        let used = self.mem.used() as u64;
         if used != bytes {
             return Err(format!(
                 "global charge {used} != sum of item charges {bytes}"
             ));
         }
-        if used > self.mem.limit {
+        if used > self.mem.limit() as u64 {
             return Err(format!(
                 "charged {used} bytes over the limit {}",
-                self.mem.limit
+                self.mem.limit() as u64
             ));
         }
         Ok(())
@@ -984,12 +981,12 @@ impl Cache {
         keep: Option<u32>,
         at: At,
     ) -> Result<Option<u64>> {
-        if new_charge > self.mem.limit {
+        if new_charge > self.mem.limit() as u64 {
             // Could not fit even in an empty cache: fail before evicting anything.
             return Err(Error::OutOfMemory);
         }
         if new_charge <= old_charge {
-            self.mem.release(old_charge - new_charge);
+            self.mem.release((old_charge - new_charge) as usize);
             return Ok(None);
         }
         let need = new_charge - old_charge;
@@ -1000,7 +997,7 @@ impl Cache {
         let extra = need - credit.amount;
         let keep = keep.unwrap_or(NO_SLOT);
         loop {
-            if self.mem.try_reserve(extra) {
+            if self.mem.try_charge(extra as usize) {
                 credit.amount = 0;
                 return Ok(None);
             }
@@ -1014,7 +1011,7 @@ impl Cache {
     /// by the caller) until they fit. Fails when a whole round of shards freed nothing.
     fn reserve_evicting(&self, n: u64, credit: &mut Credit<'_>, at: At) -> Result<()> {
         loop {
-            if self.mem.try_reserve(n) {
+            if self.mem.try_charge(n as usize) {
                 credit.amount += n;
                 return Ok(());
             }

@@ -8,6 +8,7 @@
 pub mod cache;
 pub mod clock;
 mod index;
+pub mod memory;
 pub mod tables;
 
 pub use cache::{
@@ -15,6 +16,7 @@ pub use cache::{
     SetMode, StoreOutcome,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use memory::Budget;
 pub use tables::{
     packed_values, KeyStatus, PackedValues, PartitionView, TableInfo, TableSpec, TableVersion,
     Tables, TablesConfig, ValueRef, ValueType, VersionInfo,

@@ -396,6 +396,9 @@ impl TableVersion {
     /// the packed values to `values`: 8 LE bytes per key for i64/f64 (zeros unless Ok),
     /// `dim * 4` LE bytes per key for f32 vectors (zeros unless Ok), `u32 LE length + bytes` per
     /// Ok key only for bytes tables (docs/protocol-native.md, 7.2). On `Err` nothing was appended.
+    ///
+    /// Unbounded: for in-process callers that know their batch. What serves a remote request
+    /// (a reply, a scan's chunk) uses [`TableVersion::get_batch_bounded`].
     pub fn get_batch<'k>(
         &self,
         partition: u32,
@@ -403,8 +406,22 @@ impl TableVersion {
         status: &mut Vec<u8>,
         values: &mut Vec<u8>,
     ) -> Result<()> {
+        self.get_batch_bounded(partition, keys, status, values, usize::MAX)
+    }
+
+    /// [`TableVersion::get_batch`], refused with [`Error::ReplyTooLarge`] (nothing appended) once
+    /// the values would pass `max_values` bytes: a read never holds more than its caller's budget.
+    pub fn get_batch_bounded<'k>(
+        &self,
+        partition: u32,
+        keys: impl IntoIterator<Item = &'k [u8]>,
+        status: &mut Vec<u8>,
+        values: &mut Vec<u8>,
+        max_values: usize,
+    ) -> Result<()> {
         let value_type = self.value_type();
-        self.slot(partition)?.read(|data| {
+        let (status_len, values_len) = (status.len(), values.len());
+        let fits = self.slot(partition)?.read(|data| {
             let keys = keys.into_iter();
             let expected = keys.size_hint().0;
             partition::get_packed(
@@ -412,12 +429,18 @@ impl TableVersion {
                 value_type,
                 expected,
                 MAX_KEY_LEN,
-                usize::MAX,
+                max_values,
                 status,
                 values,
-            );
+            )
         });
-        Ok(())
+        if fits {
+            Ok(())
+        } else {
+            status.truncate(status_len);
+            values.truncate(values_len);
+            Err(Error::ReplyTooLarge(max_values))
+        }
     }
 
     /// Look up a whole request's keys, given as `(partition, keys)` groups, appending exactly

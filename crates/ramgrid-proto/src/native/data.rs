@@ -893,6 +893,41 @@ pub struct GetReplyWriter<'o> {
     width: Option<usize>,
 }
 
+/// Checks `statuses` and `values` against the 7.2 layout for values of `width` bytes (None: bytes).
+fn check_packed(width: Option<usize>, statuses: &[u8], values: &[u8]) -> Result<(), FrameError> {
+    check_key_statuses(statuses).map_err(|_| FrameError::Encode("key status"))?;
+    let ok = KeyStatus::Ok as u8;
+    match width {
+        Some(w) => {
+            if statuses.len().checked_mul(w) != Some(values.len()) {
+                return Err(FrameError::Encode("value width"));
+            }
+            let stray = w > 0
+                && statuses
+                    .iter()
+                    .zip(values.chunks_exact(w))
+                    .any(|(&s, v)| s != ok && v.iter().any(|&b| b != 0));
+            if stray {
+                return Err(FrameError::Encode("value of a key that is not OK"));
+            }
+        }
+        None => {
+            let mut at = 0usize;
+            for _ in statuses.iter().filter(|&&s| s == ok) {
+                let len = values
+                    .get(at..at + 4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+                    .ok_or(FrameError::Encode("values do not match the statuses"))?;
+                at = at + 4 + len;
+            }
+            if at != values.len() {
+                return Err(FrameError::Encode("values do not match the statuses"));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl<'o> GetReplyWriter<'o> {
     /// Starts the response to GET `request_id`, which will answer exactly `n` keys.
     pub fn begin(
@@ -968,41 +1003,43 @@ impl<'o> GetReplyWriter<'o> {
         if statuses.len() > self.n - self.i {
             return Err(FrameError::Encode("more answers than keys"));
         }
-        check_key_statuses(statuses).map_err(|_| FrameError::Encode("key status"))?;
-        let ok = KeyStatus::Ok as u8;
-        match self.width {
-            Some(w) => {
-                if statuses.len().checked_mul(w) != Some(values.len()) {
-                    return Err(FrameError::Encode("value width"));
-                }
-                let stray = w > 0
-                    && statuses
-                        .iter()
-                        .zip(values.chunks_exact(w))
-                        .any(|(&s, v)| s != ok && v.iter().any(|&b| b != 0));
-                if stray {
-                    return Err(FrameError::Encode("value of a key that is not OK"));
-                }
-            }
-            None => {
-                let mut at = 0usize;
-                for _ in statuses.iter().filter(|&&s| s == ok) {
-                    let len = values
-                        .get(at..at + 4)
-                        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
-                        .ok_or(FrameError::Encode("values do not match the statuses"))?;
-                    at = at + 4 + len;
-                }
-                if at != values.len() {
-                    return Err(FrameError::Encode("values do not match the statuses"));
-                }
-            }
-        }
+        check_packed(self.width, statuses, values)?;
         let at = self.statuses_at + self.i;
         self.p.out[at..at + statuses.len()].copy_from_slice(statuses);
         self.p.out.extend_from_slice(values);
         self.i += statuses.len();
         Ok(())
+    }
+
+    /// Answers every remaining key at once, like [`GetReplyWriter::push_packed`], but `fill`
+    /// appends the values straight into the frame instead of into a buffer of its own: a large
+    /// reply is held once, not twice. `fill(statuses, frame)` must append one status byte per
+    /// remaining key to `statuses` (cleared first) and their values in the 7.2 layout to `frame`.
+    /// If `fill` fails, or what it wrote does not check, the frame is left as it was.
+    pub fn fill_packed<E>(
+        &mut self,
+        statuses: &mut Vec<u8>,
+        fill: impl FnOnce(&mut Vec<u8>, &mut Vec<u8>) -> Result<(), E>,
+    ) -> Result<Result<(), E>, FrameError> {
+        let values_at = self.p.out.len();
+        statuses.clear();
+        if let Err(e) = fill(statuses, self.p.out) {
+            self.p.out.truncate(values_at);
+            return Ok(Err(e));
+        }
+        let checked = if statuses.len() != self.n - self.i {
+            Err(FrameError::Encode("answers do not match the keys"))
+        } else {
+            check_packed(self.width, statuses, &self.p.out[values_at..])
+        };
+        if let Err(e) = checked {
+            self.p.out.truncate(values_at);
+            return Err(e);
+        }
+        let at = self.statuses_at + self.i;
+        self.p.out[at..at + statuses.len()].copy_from_slice(statuses);
+        self.i += statuses.len();
+        Ok(Ok(()))
     }
 
     /// Completes the frame; every key must have been answered.

@@ -2,7 +2,6 @@
 //! the expiry crawler's cursor. Everything here runs under the shard's mutex.
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use foldhash::fast::RandomState;
 
@@ -57,32 +56,10 @@ pub(super) fn charge(data_len: usize) -> u64 {
     (alloc_size(data_len) + HEADER_BYTES + INDEX_BYTES) as u64
 }
 
-/// The global memory account. `used` is the sum of the charges of all stored items plus bytes
-/// reserved by writes in flight, and never exceeds `limit`: memory is reserved before an item
-/// is linked, and released after it is unlinked.
-#[derive(Debug)]
-pub(super) struct Memory {
-    pub(super) used: AtomicU64,
-    pub(super) limit: u64,
-}
-
-impl Memory {
-    /// Takes `n` bytes if that keeps `used <= limit`.
-    pub(super) fn try_reserve(&self, n: u64) -> bool {
-        self.used
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
-                used.checked_add(n).filter(|&total| total <= self.limit)
-            })
-            .is_ok()
-    }
-
-    /// Gives back `n` bytes.
-    pub(super) fn release(&self, n: u64) {
-        if n != 0 {
-            self.used.fetch_sub(n, Ordering::Relaxed);
-        }
-    }
-}
+/// The global memory account (a [`Budget`](crate::memory::Budget) in bytes). `used` is the sum of
+/// the charges of all stored items plus bytes reserved by writes in flight, and never exceeds the
+/// limit: memory is reserved before an item is linked, and released after it is unlinked.
+pub(super) type Memory = crate::memory::Budget;
 
 /// Bytes reserved by one write and not yet spent. Whatever is left is released on drop, so an
 /// early return or a failed condition never leaks a reservation.
@@ -93,7 +70,7 @@ pub(super) struct Credit<'a> {
 
 impl Drop for Credit<'_> {
     fn drop(&mut self) {
-        self.mem.release(self.amount);
+        self.mem.release(self.amount as usize);
     }
 }
 
@@ -435,7 +412,7 @@ impl ShardInner {
         let c = charge(item.data_len());
         self.counters.items -= 1;
         self.counters.bytes -= c;
-        mem.release(c);
+        mem.release(c as usize);
         c
     }
 

@@ -15,7 +15,6 @@
 //! and deletes leave garbage in the arenas; an arena is compacted when garbage exceeds half of it.
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::{KeyStatus, ValueRef, ValueType};
@@ -45,63 +44,7 @@ pub(crate) fn key_hash(key: &[u8]) -> u64 {
 
 /// The shared memory budget of all tables. Charges are taken before memory is allocated, so the
 /// sum of what is allocated never exceeds the limit (see [`PartData::charge_growth`]).
-#[derive(Debug)]
-pub(crate) struct Meter {
-    used: AtomicUsize,
-    limit: usize,
-}
-
-impl Meter {
-    pub(crate) fn new(limit: usize) -> Self {
-        Meter {
-            used: AtomicUsize::new(0),
-            limit,
-        }
-    }
-
-    pub(crate) fn used(&self) -> usize {
-        self.used.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn limit(&self) -> usize {
-        self.limit
-    }
-
-    /// Take `n` bytes from the budget, or return false and take nothing.
-    pub(crate) fn try_charge(&self, n: usize) -> bool {
-        if n == 0 {
-            return true;
-        }
-        let mut cur = self.used.load(Ordering::Relaxed);
-        loop {
-            let next = match cur.checked_add(n) {
-                Some(next) if next <= self.limit => next,
-                _ => return false,
-            };
-            match self
-                .used
-                .compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed)
-            {
-                Ok(_) => return true,
-                Err(seen) => cur = seen,
-            }
-        }
-    }
-
-    pub(crate) fn release(&self, n: usize) {
-        if n > 0 {
-            self.used.fetch_sub(n, Ordering::Relaxed);
-        }
-    }
-
-    /// Charge without a check; only for the (never expected) case where the allocator handed out
-    /// more than was asked for.
-    fn force_charge(&self, n: usize) {
-        if n > 0 {
-            self.used.fetch_add(n, Ordering::Relaxed);
-        }
-    }
-}
+pub(crate) use crate::memory::Budget as Meter;
 
 /// The typed value column.
 #[derive(Debug)]
