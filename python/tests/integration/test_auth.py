@@ -13,9 +13,9 @@ import os
 import socket
 import subprocess
 import time
-from typing import Any
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,7 +131,7 @@ def test_an_empty_token_is_refused_at_start(how: str, ramgrid_server_bin: Path) 
         args += ["--token", ""]
     else:
         env["RAMGRID_TOKEN"] = ""
-    r = subprocess.run(args, env=env, capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
+    r = subprocess.run(args, check=False, env=env, capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
     assert r.returncode != 0
     err = r.stderr.decode()
     assert "token" in err, err

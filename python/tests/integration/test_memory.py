@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 import ramgrid
 from ramgrid import _wire
 
