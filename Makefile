@@ -48,6 +48,10 @@ lint: setup ## rustfmt, clippy -D warnings, ruff (check and format)
 bench: setup build ## Full benchmark vs memcached (1M keys, several rounds); records to benchmarks/results/
 	$(PY) benchmarks/memcached_compare.py --out benchmarks/results/memcached_compare.md
 
+SOAK_SECONDS ?= 600
+soak: develop build ## Slow tier: mixed traffic for SOAK_SECONDS (600) on both protocols; RSS must stay flat
+	RAMGRID_SOAK_SECONDS=$(SOAK_SECONDS) $(PY) -m pytest python/tests/integration/test_soak.py -m slow -s
+
 FUZZ_SECONDS ?= 30
 # The coverage flags cargo-fuzz would pass, so the targets build on stable without cargo-fuzz or nightly.
 FUZZ_RUSTFLAGS := -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
@@ -63,4 +67,4 @@ fuzz: ## Short libFuzzer run of every parser target (FUZZ_SECONDS each; stable t
 clean: ## Remove build outputs and the venv
 	$(CARGO) clean; rm -rf $(VENV)
 
-.PHONY: help setup develop build demo compare test lint bench fuzz clean
+.PHONY: help setup develop build demo compare test lint bench fuzz soak clean
