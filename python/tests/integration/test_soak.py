@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import ramgrid
 
 MiB = 1 << 20
