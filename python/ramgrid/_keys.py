@@ -8,15 +8,20 @@ vectorised operations or by reading their buffers directly.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any, NoReturn, Union
 
 import numpy as np
+
+from ramgrid.exceptions import ValueOutOfRange
 
 Packed = tuple[np.ndarray, bytes]
 NativeKeys = Union[list[Any], np.ndarray, Packed]
 
-__all__ = ["NativeKeys", "convert_keys", "convert_values", "key_count"]
+__all__ = ["NativeKeys", "convert_keys", "convert_values", "fit_values", "key_count"]
+
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
 
 def _pyarrow() -> Any:
@@ -193,3 +198,109 @@ def convert_values(values: Any) -> Any:
     if isinstance(values, (str, bytes)):
         raise TypeError(f"values must be a sequence of values, not a single {type(values).__name__}")
     return _native_ready(np.asarray(values))
+
+
+def fit_values(values: Any, value_type: str, dim: int, source: Any = None) -> Any:
+    """Returns `values` (as `convert_values` made them) in exactly the table's dtype, or raises ValueOutOfRange naming
+    the first value that does not fit, so that a call stores all of its values or none. `source` is what the caller
+    passed: a list's Python ints are checked exactly rather than through the float64 array numpy makes of a list
+    that mixes ints and floats.
+
+    - i64: ints within int64 (uint64 above 2**63-1 and larger Python ints are refused, never wrapped); floats only
+      if they are integers (1.0 is 1; 2.5, nan and inf are refused, never truncated), as the loader does.
+    - f32vec: a finite value whose magnitude float32 cannot hold (it would become inf) is refused; nan and inf
+      given as such are kept, and other values are rounded to float32 as before.
+    - f64: a number float64 cannot hold (a Python int above ~1.8e308) is refused.
+
+    Anything else (bytes tables, containers of the wrong kind) is returned unchanged for the binding to judge.
+    """
+    if value_type == "bytes":
+        return values
+    if isinstance(values, list):  # an object array became a list: its numbers are checked like a list's
+        source, values = values, np.asarray(values)
+    if not isinstance(values, np.ndarray) or values.dtype.kind not in "biufO":
+        return values
+    if value_type == "i64":
+        return _fit_i64(values, source)
+    if value_type == "f32vec":
+        return _fit_float(values, np.float32, value_type, max(dim, 1))
+    return _fit_float(values, np.float64, value_type, 1)
+
+
+def _refuse(value_type: str, index: int, value: Any, why: str, element: int | None = None) -> NoReturn:
+    if isinstance(value, np.generic):
+        value = value.item()
+    where = f"index {index}" if element is None else f"index {index} (element {element} of its vector)"
+    raise ValueOutOfRange(
+        f"value {value!r} at {where} does not fit an {value_type} table: it {why}; nothing was stored", index, value
+    )
+
+
+def _fit_i64(arr: np.ndarray, source: Any) -> Any:
+    kind = arr.dtype.kind
+    if kind in "bi":
+        return arr
+    if kind == "u":
+        if arr.dtype.itemsize == 8 and arr.size:
+            bad = np.flatnonzero(arr > _I64_MAX)
+            if bad.size:
+                _refuse("i64", int(bad[0]), arr.flat[bad[0]], "is above the int64 maximum 2**63-1")
+        return _native_ready(arr, np.int64)
+    if kind == "O" or isinstance(source, (list, tuple)):
+        return _fit_i64_objects(source if isinstance(source, (list, tuple)) else arr.tolist())
+    # Floats: integers within [-2**63, 2**63) only (2.0**63 is the first float past the maximum).
+    ok = np.isfinite(arr) & (arr == np.trunc(arr)) & (arr >= -(2.0**63)) & (arr < 2.0**63)
+    bad = np.flatnonzero(~ok)
+    if bad.size:
+        x = arr.flat[bad[0]]
+        why = "is outside the int64 range" if np.isfinite(x) and x == np.trunc(x) else "is not an integer"
+        _refuse("i64", int(bad[0]), x, why)
+    return _native_ready(arr.astype(np.int64))
+
+
+def _fit_i64_objects(items: Sequence[Any]) -> Any:
+    out = np.empty(len(items), dtype=np.int64)
+    for i, x in enumerate(items):
+        if isinstance(x, numbers.Integral):
+            y = int(x)
+        elif isinstance(x, numbers.Real):
+            f = float(x)
+            if not f.is_integer():
+                _refuse("i64", i, x, "is not an integer")
+            y = int(f)
+        else:
+            return np.asarray(items)  # not a number: the binding refuses it as before
+        if not _I64_MIN <= y <= _I64_MAX:
+            _refuse("i64", i, x, "is outside the int64 range [-2**63, 2**63-1]")
+        out[i] = y
+    return out
+
+
+def _fit_float(arr: np.ndarray, target: Any, value_type: str, dim: int) -> Any:
+    if arr.dtype.kind == "O":
+        items = arr.ravel().tolist()
+        flat = np.empty(len(items), dtype=np.float64)
+        for i, x in enumerate(items):
+            try:
+                flat[i] = float(x)
+            except OverflowError:
+                _refuse(value_type, i // dim, x, "is beyond the float64 range", i % dim if dim > 1 else None)
+            except (TypeError, ValueError):
+                return arr  # not a number: the binding refuses it as before
+        arr = flat.reshape(arr.shape)
+    if arr.dtype.kind != "f" or arr.dtype.itemsize <= np.dtype(target).itemsize:
+        return arr  # ints, and floats no wider than the target, always fit
+    with np.errstate(over="ignore"):
+        narrow = arr.astype(target)
+    bad = np.flatnonzero(np.isfinite(arr) & ~np.isfinite(narrow))
+    if bad.size:
+        j = int(bad[0])
+        limit = float(np.finfo(target).max)
+        _refuse(
+            value_type,
+            j // dim,
+            arr.flat[j],
+            f"is finite but beyond the {np.dtype(target).name} range (magnitude up to {limit:.8g}) and would become inf",
+            j % dim if dim > 1 else None,
+        )
+    return _native_ready(narrow)

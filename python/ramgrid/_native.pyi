@@ -52,12 +52,16 @@ class Client:
         """Makes a sealed version current on every server."""
     def drop_version(self, table: str, version: int) -> None: ...
     def current_version(self, table: str) -> int: ...
+    def value_type(self, table: str) -> tuple[str, int]:
+        """(value type name, dim): dim is 0 unless "f32vec". Cached by the client after the first call."""
     # data (version 0 = current; a non-zero version pins)
     def get_many(self, table: str, keys: KeysLike, version: int = 0) -> tuple[Any, npt.NDArray[np.bool_]]:
         """Returns (values, found). values: float64/int64 ndarray (0 where missing) for numeric tables,
         float32 ndarray of shape (n, dim) for f32vec tables, list[bytes | None] for bytes tables."""
     def put_many(self, table: str, keys: KeysLike, values: Any, version: int = 0) -> None:
-        """values: a numpy array (numeric/f32vec tables; converted to the table's type) or a list of bytes/str (bytes tables).
+        """values: a numpy array (numeric/f32vec tables; converted to the table's type with numpy's same_kind casting,
+        which wraps and overflows silently: ramgrid.grid checks the values with `_keys.fit_values` first) or a list of
+        bytes/str (bytes tables).
         Raises BatchError listing failed keys if any key was refused; the others are stored."""
     def delete_many(self, table: str, keys: KeysLike, version: int = 0) -> int: ...
     def server_stats(self) -> list[dict[str, Any]]: ...

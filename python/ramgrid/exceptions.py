@@ -101,6 +101,25 @@ class LoadError(RamgridError, ValueError):
         return str(self.args[0]) if self.args else ""
 
 
+class ValueOutOfRange(RamgridError, ValueError):
+    """A value given to `put_many` or `put` does not fit the table's type, so the whole call was refused and nothing
+    of it stored: an int outside int64 or a float that is not an integer, for an i64 table; a finite number whose
+    magnitude float32 cannot hold (it would become inf), for an f32vec table; a number float64 cannot hold, for an
+    f64 table. `index` is the position of the first such value in the batch (its row, for vectors), `value` the
+    value."""
+
+    def __init__(self, message: str, index: int | None = None, value: Any = None) -> None:
+        super().__init__(message)
+        self.index = index
+        self.value = value
+
+    def __reduce__(self) -> Any:  # crosses process boundaries (Dask workers) with its attributes
+        return (type(self), (str(self.args[0]) if self.args else "", self.index, self.value))
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class ServerStartError(RamgridError):
     """A local server process did not start (its exit status and stderr are in the message)."""
 
@@ -146,6 +165,7 @@ __all__ = [
     "TableExists",
     "TableNotFound",
     "Timeout",
+    "ValueOutOfRange",
     "VersionNotFound",
     "VersionSealed",
 ]

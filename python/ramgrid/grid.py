@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Union, cast
 
 import numpy as np
 
-from ramgrid._keys import NativeKeys, convert_keys, convert_values, key_count
+from ramgrid._keys import NativeKeys, convert_keys, convert_values, fit_values, key_count
 from ramgrid.config import SpecLike, parse_spec
 from ramgrid.exceptions import KeysNotFound, RamgridError
 
@@ -356,7 +356,15 @@ class Table(_Reader):
     def put_many(self, keys: Any, values: Any) -> None:
         """Stores a batch. `values`: a numpy array (numeric/vector tables) or a list of bytes/str (bytes tables),
         as long as `keys`. A refused key (too large, no memory) raises BatchError listing the failed indices after
-        every other key has been stored."""
+        every other key has been stored.
+
+        Values must fit the table's type; nothing is converted in a way that changes it. Before anything is sent,
+        a value that does not fit raises ValueOutOfRange (a ValueError) naming the first one and its index, and
+        nothing of the call is stored: for an i64 table, ints outside int64 (uint64 above 2**63-1, larger Python
+        ints) and floats that are not integers (1.0 is stored as 1; 2.5, nan, inf are refused, never truncated);
+        for an f32vec table, finite values whose magnitude float32 cannot hold (above ~3.4e38, which would become
+        inf), while nan and inf given as such are kept and other values are rounded to float32; for an f64 table,
+        numbers float64 cannot hold."""
         _put(self._client(), self.name, keys, values, 0)
 
     def put(self, key: Any, value: Any) -> None:
@@ -543,7 +551,9 @@ def _put(client: Any, name: str, keys: Any, values: Any, version: int) -> None:
         raise ValueError(f"{n} keys but {nv} values")
     if n == 0:
         return
-    client.put_many(name, k, v, version)
+    # Checked whole before anything is sent, so a value that does not fit stores nothing of the call.
+    vt, dim = client.value_type(name)
+    client.put_many(name, k, fit_values(v, vt, dim, source=values), version)
 
 
 def connect(

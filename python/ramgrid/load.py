@@ -23,12 +23,12 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
-import gzip
 import os
 import sys
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +61,7 @@ _INFER_ROWS = 1000
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _MAX_BAD_SAMPLES = 10
 _GZIP_MAGIC = b"\x1f\x8b"
+_GZIP_READ = 64 << 10  # compressed bytes handed to zlib at a time
 # The client refuses a whole batch with a longer key, so such a key is caught here, as a bad line.
 MAX_KEY_BYTES = 65535
 
@@ -213,6 +214,10 @@ def plan_tasks(path: PathLike, *, format: str | None = None, chunk_bytes: int = 
 
 def _parquet_tasks(p: Path, size: int) -> list[_Task]:
     pq = _parquet()
+    if size and _is_gzip(p):
+        raise LoadError.at(
+            str(p), None, "is gzip-compressed: Parquet files are read as they are (Parquet compresses its own pages)"
+        )
     try:
         meta = pq.ParquetFile(str(p)).metadata
     except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError, its I/O errors OSErrors
@@ -276,24 +281,103 @@ def _iter_range(path: str, start: int, end: int, block: int) -> Iterator[tuple[b
                 buf = buf[cut + 1 :]
 
 
-def _iter_stream(path: str, block: int) -> Iterator[tuple[bytes, int]]:
-    """Yields (data, compressed bytes consumed so far) pieces of whole lines of a gzip file."""
-    with open(path, "rb") as raw, gzip.GzipFile(fileobj=raw) as f:
-        buf = b""
+def _gunzip(path: str, block: int) -> Iterator[tuple[bytes, int]]:
+    """Yields (up to `block` decompressed bytes, compressed bytes consumed so far) of a gzip file, member after
+    member, as `gzip` reads it (concatenated members; NUL padding between or after them is skipped).
+
+    Damage raises LoadError naming the file and the compressed byte offset where reading broke: for a corrupt
+    stream the byte at which zlib failed (found by feeding the failing input again, in halves, to copies of the
+    decompressor taken before it), for a truncated one the end of the file. `gzip.GzipFile` is not used because it
+    names neither, raises a bare zlib.error for some damage, and only knows the offset of its read-ahead buffer."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        d = zlib.decompressobj(wbits=31)  # the gzip wrapper: zlib checks each member's header, CRC-32 and length
+        started = False  # whether `d` has been given bytes of its member
+        pending = b""  # input `d` has not taken yet; it begins at file offset `at`
+        at = 0
+        full = False  # the last call stopped at `block` bytes of output: zlib may hold more without more input
         while True:
+            if not pending and not full:
+                pending = f.read(_GZIP_READ)
+                if not pending:
+                    if started and not d.eof:
+                        raise LoadError.at(
+                            path, None, f"gzip data ends at compressed byte {size} inside a member (truncated file)"
+                        )
+                    return
+            if d.eof:
+                zeros = len(pending) - len(pending.lstrip(b"\0"))
+                at, pending = at + zeros, pending[zeros:]
+                if not pending:
+                    continue
+                d, started = zlib.decompressobj(wbits=31), False
+            saved = d.copy()
             try:
-                data = f.read(block)
-            except (OSError, EOFError) as e:  # a truncated or corrupt stream
-                raise LoadError.at(path, None, f"cannot decompress: {e}") from None
-            if not data:
-                if buf:
-                    yield buf, raw.tell()
-                return
-            buf += data
-            cut = buf.rfind(b"\n")
-            if cut >= 0:
-                yield buf[: cut + 1], raw.tell()
-                buf = buf[cut + 1 :]
+                out = d.decompress(pending, block)
+            except zlib.error as e:
+                bad = at + _failing_byte(saved, pending)
+                reason = f"corrupt gzip data at compressed byte {bad} of {size}: {_zlib_reason(e)}"
+                raise LoadError.at(path, None, reason) from None
+            started = True
+            rest = d.unused_data if d.eof else d.unconsumed_tail
+            at, pending = at + len(pending) - len(rest), rest
+            full = len(out) >= block and not d.eof
+            if out:
+                yield out, at
+
+
+def _failing_byte(saved: Any, data: bytes) -> int:
+    """The index in `data` of the byte at which a decompressor in state `saved` fails: the shortest failing prefix
+    (a prefix that stops before the damage only leaves zlib waiting for more, so failing is monotonic)."""
+    lo, hi = 1, len(data)  # the whole of `data` fails
+    while lo < hi:
+        mid = (lo + hi) // 2
+        try:
+            saved.copy().decompress(data[:mid])
+            lo = mid + 1
+        except zlib.error:
+            hi = mid
+    return lo - 1
+
+
+def _zlib_reason(e: zlib.error) -> str:
+    reason = str(e).rpartition(": ")[2]  # "Error -3 while decompressing data: invalid block type"
+    return {
+        "incorrect data check": "the data does not match its CRC-32 checksum (damaged somewhere in this member)",
+        "incorrect length check": "the data does not match its recorded length",
+        "incorrect header check": "not the start of a gzip member",
+    }.get(reason, reason)
+
+
+def _iter_stream(path: str, block: int) -> Iterator[tuple[bytes, int]]:
+    """Yields (data, compressed bytes consumed so far) pieces of whole lines of a gzip file, about `block` bytes
+    each. Each piece is held back until the next is known, so that the last one carries the file's whole size
+    (progress then adds up to it)."""
+    size = os.path.getsize(path)
+    held: tuple[bytes, int] | None = None
+    parts: list[bytes] = []
+    have = 0
+    for data, mark in _gunzip(path, block):
+        parts.append(data)
+        have += len(data)
+        if have < block:
+            continue
+        buf = b"".join(parts)
+        cut = buf.rfind(b"\n")
+        if cut < 0:  # a line longer than a block: read on
+            parts = [buf]
+            continue
+        if held is not None:
+            yield held
+        held, rest = (buf[: cut + 1], mark), buf[cut + 1 :]
+        parts, have = [rest], len(rest)
+    buf = b"".join(parts)
+    if buf:
+        if held is not None:
+            yield held
+        held = (buf, size)
+    if held is not None:
+        yield held[0], size
 
 
 def _lines_before(path: str, offset: int) -> int:
@@ -651,7 +735,10 @@ def _run_parquet(run: _TaskRun) -> None:
     meta = pf.metadata
     row0 = sum(meta.row_group(i).num_rows for i in range(task.row_group))
     kname, vname = _parquet_columns(pf.schema_arrow, opts, task.path)
-    t = pf.read_row_group(task.row_group, columns=[kname, vname])
+    try:
+        t = pf.read_row_group(task.row_group, columns=[kname, vname])
+    except (OSError, pa.ArrowException) as e:  # a damaged page: say which column chunk, and where it lies
+        raise _damaged_row_group(pf, task, (kname, vname), e) from None
     keys = t.column(kname).combine_chunks()
     values = t.column(vname).combine_chunks()
     rownum = np.arange(row0 + 1, row0 + 1 + t.num_rows)
@@ -663,6 +750,27 @@ def _run_parquet(run: _TaskRun) -> None:
     run.result.bytes += task.size
     if run.progress is not None:
         run.progress(stored, task.size)
+
+
+def _damaged_row_group(pf: Any, task: _Task, names: tuple[str, str], e: BaseException) -> LoadError:
+    """The LoadError for a row group that pyarrow could not read (a corrupt or truncated compressed page): it names
+    the column chunk that fails when read alone and the compressed byte range it occupies in the file."""
+    import pyarrow as pa
+
+    rg = pf.metadata.row_group(task.row_group)
+    for name in names:
+        try:
+            pf.read_row_group(task.row_group, columns=[name])
+            continue
+        except (OSError, pa.ArrowException) as alone:
+            e = alone
+        for j in range(rg.num_columns):
+            c = rg.column(j)
+            if c.path_in_schema == name or c.path_in_schema.startswith(name + "."):
+                start = c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset
+                where = f"column {name!r} (compressed bytes {start}-{start + c.total_compressed_size})"
+                return LoadError.at(task.path, None, f"cannot read row group {task.row_group}, {where}: {e}")
+    return LoadError.at(task.path, None, f"cannot read row group {task.row_group}: {e}")
 
 
 def _parquet_columns(schema: Any, opts: _Options, path: str) -> tuple[str, str]:
@@ -808,17 +916,25 @@ def infer_value_type(
 
 
 def _head_lines(p: Path, n: int) -> bytes:
-    opener: Callable[..., Any] = gzip.open if _is_gzip(p) else open
-    out: list[bytes] = []
     try:
-        with opener(p, "rb") as f:
-            for line in f:
-                out.append(line)
-                if len(out) >= n:
+        if _is_gzip(p):
+            out, lines = [], 0
+            for data, _ in _gunzip(str(p), 1 << 16):
+                out.append(data)
+                lines += data.count(b"\n")
+                if lines >= n:
                     break
-    except (OSError, EOFError) as e:
+            head = b"".join(out)
+            end = -1
+            for _ in range(n):
+                end = head.find(b"\n", end + 1)
+                if end < 0:
+                    return head
+            return head[: end + 1]
+        with open(p, "rb") as f:
+            return b"".join(line for line, _ in zip(f, range(n)))
+    except OSError as e:
         raise LoadError.at(str(p), None, f"cannot read: {e}") from None
-    return b"".join(out)
 
 
 def _infer_parquet(p: Path, key_column: Any, value_column: Any) -> str | tuple[str, int]:

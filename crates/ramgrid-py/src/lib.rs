@@ -401,6 +401,19 @@ impl Client {
             .map_err(|e| to_py(py, e))
     }
 
+    /// The table's value type name and its dimension (0 unless f32vec), from the client's table
+    /// cache: one request the first time, none after.
+    fn value_type(&self, py: Python<'_>, table: &str) -> PyResult<(&'static str, u32)> {
+        let meta = py
+            .allow_threads(|| self.inner.table_meta(table))
+            .map_err(|e| to_py(py, e))?;
+        let dim = match meta.value_type {
+            ValueType::F32Vec(d) => d,
+            _ => 0,
+        };
+        Ok((type_name(meta.value_type), dim))
+    }
+
     fn current_version(&self, py: Python<'_>, table: &str) -> PyResult<u32> {
         py.allow_threads(|| self.inner.current_version(table))
             .map_err(|e| to_py(py, e))

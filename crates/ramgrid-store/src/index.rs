@@ -340,6 +340,27 @@ impl Index {
         self.rebuild(Self::grown(self.buckets.len()), hash_of);
     }
 
+    /// Bytes of a bucket array of `buckets` buckets.
+    pub(crate) fn bytes_of(buckets: usize) -> usize {
+        buckets * std::mem::size_of::<Bucket>()
+    }
+
+    /// The bucket count a shrink should leave, if one is due: fewer than a quarter of the places
+    /// a growth allows are used. The shrunk index is half as loaded as a growth allows, so it
+    /// must double its keys before it grows again; it keeps at least `floor_bytes` of buckets.
+    pub(crate) fn shrunk_buckets(&self, floor_bytes: usize) -> Option<usize> {
+        let floor = (floor_bytes / std::mem::size_of::<Bucket>()).max(1);
+        let want = self.len.div_ceil(MAX_LOAD / 2).max(floor);
+        (self.len < self.buckets.len() * MAX_LOAD / 4 && want < self.buckets.len()).then_some(want)
+    }
+
+    /// Rebuild with `buckets` buckets, which must leave room for every key (the old buckets are
+    /// freed once the keys moved over).
+    pub(crate) fn resize(&mut self, buckets: usize, hash_of: impl Fn(u32) -> u64) {
+        debug_assert!(self.len <= buckets * MAX_LOAD, "resize below the keys");
+        self.rebuild(buckets, hash_of);
+    }
+
     /// Rebuild with the fewest buckets that keep the load at [`SHRINK_LOAD`], if that is fewer.
     pub(crate) fn shrink_to_fit(&mut self, hash_of: impl Fn(u32) -> u64) {
         let want = self.len.div_ceil(SHRINK_LOAD).max(1);

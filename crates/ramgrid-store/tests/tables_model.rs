@@ -1,5 +1,6 @@
 //! Random operation sequences on one table partition, checked against a `BTreeMap` model: puts
-//! (new keys, overwrites that grow and shrink), deletes, reads, and a final seal.
+//! (new keys, overwrites that grow and shrink), deletes, reads, and a final seal; and
+//! delete-heavy sequences under a memory limit tight enough that puts are refused.
 
 use std::collections::BTreeMap;
 
@@ -20,6 +21,39 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<u8>().prop_map(Op::Delete),
         1 => any::<u8>().prop_map(Op::Get),
     ]
+}
+
+#[derive(Debug, Clone)]
+enum TightOp {
+    Put(u8, usize),
+    Delete(u8),
+    /// Delete every key there is.
+    Clear,
+}
+
+fn tight_op() -> impl Strategy<Value = TightOp> {
+    prop_oneof![
+        // 48 keys, so deletes mostly hit and the live set hovers around the limit; a clear
+        // now and then empties it.
+        30 => (0u8..48, 0usize..16_000).prop_map(|(k, n)| TightOp::Put(k, n)),
+        12 => (0u8..48).prop_map(TightOp::Delete),
+        1 => Just(TightOp::Clear),
+    ]
+}
+
+/// Limit of the tight model test: about 30 of its average items (8 KB), so with 48 keys and
+/// more puts than deletes it is often reached (~3 refused puts per case over 3000 cases).
+const TIGHT_LIMIT: usize = 256 << 10;
+
+/// A budget in which a put must succeed when `model` is the live data after it. The reclaim rule
+/// keeps an arena under 4 x its live bytes + 2 x its 4 KiB garbage floor + 2 x the largest
+/// record (16 KB), a fixed-size vector under 4 x its length or its 4 KiB floor, the index
+/// (48 keys at most here) under its floor, and a put charges at most its own bytes and one index
+/// growth: about 4 x live + 100 B/entry + 64 KiB. This takes 1.5 x that, so that a put refused
+/// while the live data is that small means deleted space was not reused.
+fn surely_fits(model: &BTreeMap<Vec<u8>, Vec<u8>>) -> usize {
+    let live: usize = model.iter().map(|(k, v)| k.len() + v.len() + 16).sum();
+    6 * live + 150 * model.len() + (96 << 10)
 }
 
 fn key(k: u8) -> Vec<u8> {
@@ -87,6 +121,56 @@ proptest! {
                     }
                 }
             }
+        }
+        check(&t, &model);
+        t.seal_version("m", 1).unwrap();
+        check(&t, &model);
+    }
+
+    #[test]
+    fn tight_bytes_partition_reuses_deleted_space(ops in proptest::collection::vec(tight_op(), 1..400)) {
+        let t = Tables::new(TablesConfig { memory_limit: TIGHT_LIMIT, max_value_size: 1 << 16 });
+        t.create_table(TableSpec { name: "m".into(), partitions: 1, replication: 1, value_type: ValueType::Bytes }, &[0]).unwrap();
+        let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        let mut st = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            st.clear();
+            match *op {
+                TightOp::Put(k, n) => {
+                    let v = vec![i as u8; n];
+                    t.put_batch("m", 0, 0, [(&key(k)[..], ValueRef::Bytes(&v))], &mut st).unwrap();
+                    if st[0] == KeyStatus::Ok as u8 {
+                        model.insert(key(k), v);
+                    } else {
+                        // Refused: the key is exactly as it was, and the budget was really short.
+                        prop_assert_eq!(st[0], KeyStatus::OutOfMemory as u8);
+                        let mut after = model.clone();
+                        after.insert(key(k), v);
+                        prop_assert!(
+                            surely_fits(&after) > TIGHT_LIMIT,
+                            "op {}: refused though {} items need at most {} bytes", i, after.len(), surely_fits(&after)
+                        );
+                        let mut vals = Vec::new();
+                        let mut gst = Vec::new();
+                        t.get_batch("m", 0, 0, [&key(k)[..]], &mut gst, &mut vals).unwrap();
+                        match model.get(&key(k)) {
+                            Some(old) => prop_assert_eq!(&vals[4..], &old[..]),
+                            None => prop_assert_eq!(gst[0], KeyStatus::NotFound as u8),
+                        }
+                    }
+                }
+                TightOp::Delete(k) => {
+                    t.delete_batch("m", 0, 0, [&key(k)[..]], &mut st).unwrap();
+                    let want = if model.remove(&key(k)).is_some() { KeyStatus::Ok } else { KeyStatus::NotFound };
+                    prop_assert_eq!(st[0], want as u8);
+                }
+                TightOp::Clear => {
+                    t.delete_batch("m", 0, 0, model.keys().map(|k| &k[..]), &mut st).unwrap();
+                    prop_assert!(st.iter().all(|&s| s == KeyStatus::Ok as u8));
+                    model.clear();
+                }
+            }
+            prop_assert!(t.memory_used() <= TIGHT_LIMIT);
         }
         check(&t, &model);
         t.seal_version("m", 1).unwrap();

@@ -33,7 +33,10 @@ class FakeClient:
     def create_table(
         self, name: str, partitions: int = 64, replication: int = 1, value_type: str = "bytes", dim: int = 0
     ) -> None:
-        self.tables[name] = {"current": 1, "versions": {1: {}}, "sealed": set(), "value_type": value_type}
+        self.tables[name] = {"current": 1, "versions": {1: {}}, "sealed": set(), "value_type": value_type, "dim": dim}
+
+    def value_type(self, table: str) -> tuple[str, int]:
+        return self.tables[table]["value_type"], self.tables[table]["dim"]
 
     def create_version(self, table: str) -> int:
         t = self.tables[table]

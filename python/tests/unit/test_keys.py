@@ -9,7 +9,8 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ramgrid._keys import convert_keys, convert_values, key_count
+from ramgrid._keys import convert_keys, convert_values, fit_values, key_count
+from ramgrid.exceptions import RamgridError, ValueOutOfRange
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -149,3 +150,49 @@ def test_unaligned_arrays_are_realigned() -> None:
     assert k.flags.aligned and k.flags.c_contiguous
     v = convert_values(np.frombuffer(bytearray(8 * 4 + 3), dtype=np.float64, offset=3, count=4))
     assert v.flags.aligned
+
+
+def fit(values: Any, vt: str, dim: int = 0) -> Any:
+    return fit_values(convert_values(values), vt, dim, source=values)
+
+
+def test_fit_values_gives_the_table_dtype_exactly() -> None:
+    got = fit(np.array([1, 2**63 - 1], dtype=np.uint64), "i64")
+    assert got.dtype == np.int64 and got.tolist() == [1, 2**63 - 1]
+    got = fit([2**53 + 1, 2.0, True], "i64")  # numpy would make float64 of this list and round 2**53+1
+    assert got.dtype == np.int64 and got.tolist() == [2**53 + 1, 2, 1]
+    got = fit(np.array([-(2.0**63), 2.0**62]), "i64")
+    assert got.dtype == np.int64 and got.tolist() == [-(2**63), 2**62]
+    got = fit(np.array([[1e38, np.inf], [np.nan, -1e-50]]), "f32vec", 2)
+    assert got.dtype == np.float32 and got[0, 0] == np.float32(1e38) and np.isinf(got[0, 1]) and np.isnan(got[1, 0])
+    assert fit([1, 10**300], "f64").tolist() == [1.0, 1e300]
+    assert fit([b"a"], "bytes") == [b"a"]
+
+
+@pytest.mark.parametrize(
+    ("values", "vt", "dim", "index", "value"),
+    [
+        (np.array([0, 2**64 - 1], dtype=np.uint64), "i64", 0, 1, 2**64 - 1),
+        ([0, 0, -(2**63) - 1], "i64", 0, 2, -(2**63) - 1),
+        (np.array([0.5]), "i64", 0, 0, 0.5),
+        ([1, 2.0, 2.5], "i64", 0, 2, 2.5),
+        (np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 4e38]]), "f32vec", 3, 1, 4e38),
+        (np.array([1.0, 2.0, -1e39, 0.0]), "f32vec", 2, 1, -1e39),  # flat rows of 2
+        ([1.0, 10**400], "f64", 0, 1, 10**400),
+    ],
+)
+def test_fit_values_refuses_the_first_value_that_does_not_fit(
+    values: Any, vt: str, dim: int, index: int, value: Any
+) -> None:
+    with pytest.raises(ValueOutOfRange) as e:
+        fit(values, vt, dim)
+    assert (e.value.index, e.value.value) == (index, value)
+    assert isinstance(e.value, ValueError) and isinstance(e.value, RamgridError)
+    assert f"at index {index}" in str(e.value) and f"an {vt} table" in str(e.value)
+
+
+def test_value_out_of_range_pickles_with_its_attributes() -> None:
+    import pickle
+
+    e = pickle.loads(pickle.dumps(ValueOutOfRange("msg", 3, 2**64)))
+    assert (str(e), e.index, e.value) == ("msg", 3, 2**64)

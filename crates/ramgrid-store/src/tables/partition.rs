@@ -12,7 +12,11 @@
 //!   layout of a hit, so a read copies one contiguous slice.
 //!
 //! Deletes swap-remove (the last entry takes the hole) so columns never hold tombstones. Overwrites
-//! and deletes leave garbage in the arenas; an arena is compacted when garbage exceeds half of it.
+//! and deletes leave garbage in the arenas. Reclaim rule: an arena is compacted (in place if the
+//! budget cannot take a copy) when garbage exceeds half of it, or when a write that would need it
+//! to grow is refused by the budget and its garbage covers what the write needs; any vector, arena or index
+//! whose live part falls below a quarter of its capacity is shrunk to twice the live part (never
+//! below [`SMALL`]), so the meter drops after deletes without inserts and deletes thrashing.
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
@@ -31,8 +35,9 @@ const GROUP: usize = 64;
 /// An entry number no partition reaches (entries are u32): "not read yet" in [`lookup_many`].
 const LATE: usize = usize::MAX;
 
-/// Arenas smaller than this are never compacted: copying buys nothing there.
-const COMPACT_MIN: usize = 4096;
+/// Arenas with less garbage than this are not compacted, and vectors, arenas and indexes are never
+/// shrunk below it: moving so few bytes buys nothing.
+const SMALL: usize = 4096;
 
 /// Hash of a key for the partition index.
 #[inline]
@@ -162,31 +167,57 @@ fn push_record(arena: &mut Vec<u8>, data: &[u8]) -> u64 {
     off
 }
 
-/// Copy the live value records named by `offs` into a fresh arena of exactly the live size, updating
-/// `offs`. Returns false (and changes nothing) if the meter cannot take the new arena.
-fn compact_arena(
-    arena: &mut Vec<u8>,
-    offs: &mut [u64],
-    garbage: &mut usize,
-    meter: &Meter,
-) -> bool {
-    let live = arena.len() - *garbage;
-    if !meter.try_charge(live) {
-        return false;
+/// Sort entries by value offset in place, moving each entry's key slot along. Heapsort, because
+/// it allocates nothing: it runs when the budget cannot take a copy of the arena. Entries that are
+/// already in order (as after the last compaction, if only appends followed) are left alone.
+fn sort_entries_by_offset(offs: &mut [u64], key_offs: &mut [u32]) {
+    fn sift(offs: &mut [u64], key_offs: &mut [u32], mut root: usize, end: usize) {
+        loop {
+            let mut child = 2 * root + 1;
+            if child >= end {
+                return;
+            }
+            if child + 1 < end && offs[child] < offs[child + 1] {
+                child += 1;
+            }
+            if offs[root] >= offs[child] {
+                return;
+            }
+            offs.swap(root, child);
+            key_offs.swap(root, child);
+            root = child;
+        }
     }
-    let mut fresh = Vec::with_capacity(live);
-    for off in offs.iter_mut() {
-        let rec = record_at(arena, *off);
-        *off = fresh.len() as u64;
-        fresh.extend_from_slice(rec);
+    if offs.windows(2).all(|w| w[0] < w[1]) {
+        return;
     }
-    // Charged `live`; the allocator may round differently, and the old arena goes back.
-    let extra = fresh.capacity().saturating_sub(live);
-    meter.force_charge(extra);
-    meter.release(arena.capacity());
-    *arena = fresh;
-    *garbage = 0;
-    true
+    let n = offs.len();
+    for i in (0..n / 2).rev() {
+        sift(offs, key_offs, i, n);
+    }
+    for end in (1..n).rev() {
+        offs.swap(0, end);
+        key_offs.swap(0, end);
+        sift(offs, key_offs, 0, end);
+    }
+}
+
+/// Capacity to shrink a vector of `len` of `cap` elements of `elem` bytes to, if it holds more
+/// than [`SMALL`] bytes and less than a quarter of it is in use: twice the length, so the vector
+/// must double before it grows again and alternating inserts and deletes do not thrash.
+fn shrunk_capacity(len: usize, cap: usize, elem: usize) -> Option<usize> {
+    (cap * elem > SMALL && len < cap / 4).then(|| (2 * len).max(SMALL / elem))
+}
+
+/// Shrink `v` if [`shrunk_capacity`] says so; returns whether it did.
+fn shrink_vec<T>(v: &mut Vec<T>) -> bool {
+    match shrunk_capacity(v.len(), v.capacity(), std::mem::size_of::<T>()) {
+        Some(cap) => {
+            v.shrink_to(cap);
+            true
+        }
+        None => false,
+    }
 }
 
 /// Storage of one partition of one version. Never shared mutably without the slot's lock.
@@ -463,25 +494,25 @@ impl PartData {
         KeyStatus::Ok
     }
 
-    fn overwrite_bytes(&mut self, i: usize, b: &[u8], rec: usize) -> KeyStatus {
+    fn overwrite_bytes(&mut self, mut i: usize, b: &[u8], rec: usize) -> KeyStatus {
         let Column::Bytes { arena, offs, .. } = &self.col else {
             unreachable!("caller matched Bytes")
         };
-        let off = offs[i] as usize;
-        let old = read_u32(arena, off) as usize;
+        let old = read_u32(arena, offs[i] as usize) as usize;
         if b.len() > old {
-            let (len, cap) = (arena.len(), arena.capacity());
-            let generous = Plan {
-                col: target(len, cap, rec, false),
-                ..Plan::default()
-            };
-            let exact = Plan {
-                col: target(len, cap, rec, true),
-                ..Plan::default()
-            };
-            if !self.charge_growth(generous, exact) {
+            // Reclaiming renumbers entries; the key record says where this one went.
+            let slot = self.key_offs[i];
+            let room = self.grow_for(0, rec, |d, exact| match &d.col {
+                Column::Bytes { arena, .. } => Plan {
+                    col: target(arena.len(), arena.capacity(), rec, exact),
+                    ..Plan::default()
+                },
+                _ => unreachable!("caller matched Bytes"),
+            });
+            if !room {
                 return KeyStatus::OutOfMemory;
             }
+            i = entry_at(&self.keys, slot);
         }
         let Column::Bytes {
             arena,
@@ -493,6 +524,7 @@ impl PartData {
         };
         if b.len() <= old {
             // Shrinking in place keeps the record where it is; the tail becomes garbage.
+            let off = offs[i] as usize;
             arena[off..off + 4].copy_from_slice(&(b.len() as u32).to_le_bytes());
             arena[off + 4..off + 4 + b.len()].copy_from_slice(b);
             *garbage += old - b.len();
@@ -500,7 +532,7 @@ impl PartData {
             offs[i] = push_record(arena, b);
             *garbage += 4 + old;
         }
-        self.maybe_compact();
+        self.reclaim();
         KeyStatus::Ok
     }
 
@@ -598,9 +630,10 @@ impl PartData {
         {
             return KeyStatus::OutOfMemory;
         }
-        let generous = self.growth_plan(key.len(), rec, false);
-        let exact = self.growth_plan(key.len(), rec, true);
-        if !self.charge_growth(generous, exact) {
+        let key_rec = key_record_len(key.len());
+        if !self.grow_for(key_rec, rec, |d, exact| {
+            d.growth_plan(key.len(), rec, exact)
+        }) {
             return KeyStatus::OutOfMemory;
         }
         // From here on nothing allocates: every vector and the index have room.
@@ -666,7 +699,7 @@ impl PartData {
                 offs.swap_remove(i);
             }
         }
-        self.maybe_compact();
+        self.reclaim();
         self.debug_check();
         KeyStatus::Ok
     }
@@ -685,47 +718,87 @@ impl PartData {
         );
     }
 
-    /// Compact an arena whose garbage exceeds half of it (best effort: skipped if the budget
-    /// cannot take the fresh copy).
-    fn maybe_compact(&mut self) {
-        let mut compacted = false;
-        if self.key_garbage > COMPACT_MIN && self.key_garbage * 2 > self.keys.len() {
-            compacted |= self.compact_keys();
+    /// After a delete or an overwrite: compact an arena whose garbage exceeds half of it, then
+    /// shrink what has become mostly empty (see the module's reclaim rule).
+    fn reclaim(&mut self) {
+        if self.key_garbage > SMALL && self.key_garbage * 2 > self.keys.len() {
+            self.compact_keys();
         }
-        if let Column::Bytes {
-            arena,
-            offs,
-            garbage,
-        } = &mut self.col
-        {
-            if *garbage > COMPACT_MIN && *garbage * 2 > arena.len() {
-                compacted |= compact_arena(arena, offs, garbage, &self.meter);
+        if let Column::Bytes { arena, garbage, .. } = &self.col {
+            if *garbage > SMALL && *garbage * 2 > arena.len() {
+                self.compact_values();
             }
         }
-        if compacted {
-            // compact_arena settled the meter itself; only our record of the charge lags.
-            self.charged = self.allocated();
+        self.shrink();
+    }
+
+    /// Shrink every vector, arena (compacting it first) and the index whose live part is below a
+    /// quarter of its capacity, and settle the meter.
+    ///
+    /// Vectors shrink by a shrinking `realloc`. Our binaries use the system allocator, and
+    /// glibc shrinks a block in place (it splits the chunk, or remaps a mapped one), so the old
+    /// and the new block never coexist and the shrink is settled afterwards, charging nothing
+    /// ahead: a partition at its limit can always shrink. The index builds a smaller bucket
+    /// array beside the old one, so that is charged first and skipped if the budget cannot take
+    /// it (the vectors shrink first, so a later delete usually finds the room).
+    fn shrink(&mut self) {
+        let mut shrunk = false;
+        let live_keys = self.keys.len() - self.key_garbage;
+        if shrunk_capacity(live_keys, self.keys.capacity(), 1).is_some() {
+            if self.key_garbage > 0 {
+                self.compact_keys();
+            }
+            shrunk |= shrink_vec(&mut self.keys);
+        }
+        shrunk |= shrink_vec(&mut self.key_offs);
+        if let Column::Bytes { arena, garbage, .. } = &self.col {
+            let live = arena.len() - *garbage;
+            if *garbage > 0 && shrunk_capacity(live, arena.capacity(), 1).is_some() {
+                self.compact_values();
+            }
+        }
+        shrunk |= match &mut self.col {
+            Column::I64(v) => shrink_vec(v),
+            Column::F64(v) => shrink_vec(v),
+            Column::F32 { data, .. } => shrink_vec(data),
+            Column::Bytes { arena, offs, .. } => shrink_vec(arena) | shrink_vec(offs),
+        };
+        let mut ahead = 0;
+        if let Some(buckets) = self.index.shrunk_buckets(SMALL) {
+            let bytes = Index::bytes_of(buckets);
+            if self.meter.try_charge(bytes) {
+                let keys = &self.keys;
+                self.index.resize(buckets, |s| key_hash(key_at(keys, s)));
+                ahead = bytes;
+                shrunk = true;
+            }
+        }
+        if shrunk {
+            self.settle(ahead);
         }
     }
 
-    /// Copy the live key records into a fresh arena of exactly the live size and re-point the
-    /// index (its slots moved). Returns false, changing nothing, if the budget cannot take the copy.
-    fn compact_keys(&mut self) -> bool {
-        let live = self.keys.len() - self.key_garbage;
-        if !self.meter.try_charge(live) {
-            return false;
-        }
-        let mut fresh = Vec::with_capacity(live);
-        for slot in self.key_offs.iter_mut() {
-            let at = *slot as usize * 4;
+    /// Move the live key records to the front of the key arena, in arena order, and re-point
+    /// the index (the slots moved). Allocates nothing: the arena keeps its capacity.
+    ///
+    /// A record is live iff its entry's slot is the record's own slot: a deleted record keeps
+    /// a stale entry number, whose slot (if that entry exists) is another record's. Records only
+    /// move down (to `w <= at`), and one moved record's new slot is below every record not yet
+    /// visited, so the test stays sound while the walk rewrites `key_offs`.
+    fn compact_keys(&mut self) {
+        let end = self.keys.len();
+        let (mut at, mut w) = (0, 0);
+        while at < end {
             let rec = key_record_len(read_u32(&self.keys, at) as usize);
-            *slot = (fresh.len() / 4) as u32;
-            fresh.extend_from_slice(&self.keys[at..at + rec]);
+            let e = read_u32(&self.keys, at + 4) as usize;
+            if self.key_offs.get(e) == Some(&((at / 4) as u32)) {
+                self.keys.copy_within(at..at + rec, w);
+                self.key_offs[e] = (w / 4) as u32;
+                w += rec;
+            }
+            at += rec;
         }
-        self.meter
-            .force_charge(fresh.capacity().saturating_sub(live));
-        self.meter.release(self.keys.capacity());
-        self.keys = fresh;
+        self.keys.truncate(w);
         self.key_garbage = 0;
         // Clearing keeps the index's buckets, so re-inserting allocates nothing.
         self.index.clear();
@@ -733,7 +806,80 @@ impl PartData {
             self.index
                 .insert_unique(key_hash(key_at(&self.keys, slot)), slot);
         }
-        true
+    }
+
+    /// Drop the garbage of a bytes column's arena. If the budget can take a copy of the live
+    /// records, they are copied in entry order into a fresh arena of exactly their size (the old
+    /// one goes back at once). Otherwise, as when a write was just refused, they are moved to
+    /// the front of the arena in place, which allocates nothing; a value record does not say
+    /// whose it is, so the entries are first renumbered into arena order (an in-place sort,
+    /// several times slower than the copy). Either way callers holding an entry number must
+    /// look it up again, e.g. through its key slot.
+    fn compact_values(&mut self) {
+        let Column::Bytes {
+            arena,
+            offs,
+            garbage,
+        } = &mut self.col
+        else {
+            return;
+        };
+        let live = arena.len() - *garbage;
+        if self.meter.try_charge(live) {
+            let mut fresh = Vec::with_capacity(live);
+            for off in offs.iter_mut() {
+                let rec = record_at(arena, *off);
+                *off = fresh.len() as u64;
+                fresh.extend_from_slice(rec);
+            }
+            *arena = fresh;
+            *garbage = 0;
+            self.settle(live);
+            return;
+        }
+        sort_entries_by_offset(offs, &mut self.key_offs);
+        for (i, &slot) in self.key_offs.iter().enumerate() {
+            set_entry(&mut self.keys, slot, i);
+        }
+        // In offset order each record moves down (or stays), never over a live one not yet moved.
+        let mut w = 0;
+        for off in offs.iter_mut() {
+            let at = *off as usize;
+            let rec = 4 + read_u32(arena, at) as usize;
+            arena.copy_within(at..at + rec, w);
+            *off = w as u64;
+            w += rec;
+        }
+        arena.truncate(w);
+        *garbage = 0;
+    }
+
+    /// Charge and make the growth `plan(self, exact)` asks for (see [`PartData::charge_growth`]).
+    /// If the budget refuses it, first reclaim the garbage of an arena that has to grow and
+    /// holds at least what the write appends to it (`key_need`, `value_need` bytes), then try
+    /// once more: deleted space is reused before a write is refused.
+    fn grow_for(
+        &mut self,
+        key_need: usize,
+        value_need: usize,
+        plan: impl Fn(&Self, bool) -> Plan,
+    ) -> bool {
+        if self.charge_growth(plan(self, false), plan(self, true)) {
+            return true;
+        }
+        let want = plan(self, true);
+        let mut reclaimed = false;
+        if want.keys.is_some() && key_need > 0 && self.key_garbage >= key_need {
+            self.compact_keys();
+            reclaimed = true;
+        }
+        if let Column::Bytes { garbage, .. } = &self.col {
+            if want.col.is_some() && value_need > 0 && *garbage >= value_need {
+                self.compact_values();
+                reclaimed = true;
+            }
+        }
+        reclaimed && self.charge_growth(plan(self, false), plan(self, true))
     }
 
     /// Make the data final: drop garbage and excess capacity so a sealed version holds only what
@@ -742,17 +888,11 @@ impl PartData {
         if self.key_garbage > 0 {
             self.compact_keys();
         }
-        if let Column::Bytes {
-            arena,
-            offs,
-            garbage,
-        } = &mut self.col
-        {
+        if let Column::Bytes { garbage, .. } = &self.col {
             if *garbage > 0 {
-                compact_arena(arena, offs, garbage, &self.meter);
+                self.compact_values();
             }
         }
-        self.charged = self.allocated();
         self.keys.shrink_to_fit();
         self.key_offs.shrink_to_fit();
         match &mut self.col {
