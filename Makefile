@@ -19,7 +19,7 @@ setup: $(VENV)/.ok ## Install what the build and tests need (memcached, Rust com
 $(VENV)/.ok: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q maturin pytest pytest-timeout pymemcache hypothesis numpy xxhash pyarrow "dask[distributed]" matplotlib wordfreq tqdm pandas ruff
+	$(PIP) install -q maturin pytest pytest-timeout pymemcache hypothesis numpy xxhash pyarrow "dask[distributed]" matplotlib wordfreq tqdm pandas ruff atheris
 	@touch $@
 
 develop: setup ## Build the Python package's native module (release) into the venv
@@ -58,11 +58,13 @@ FUZZ_RUSTFLAGS := -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4
   -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
   -Cllvm-args=-sanitizer-coverage-trace-compares -Cdebug-assertions -Coverflow-checks
 
-fuzz: ## Short libFuzzer run of every parser target (FUZZ_SECONDS each; stable toolchain)
+fuzz: develop ## Short libFuzzer run of every parser target (FUZZ_SECONDS each; stable toolchain; atheris for Python's)
 	cd fuzz && RUSTFLAGS="$(FUZZ_RUSTFLAGS)" $(CARGO) build --release --target x86_64-unknown-linux-gnu --bins
 	cd fuzz && for t in fuzz_targets/*.rs; do n=$$(basename $$t .rs); mkdir -p corpus/$$n; \
 	  cp -n seeds/$$n/* corpus/$$n/ 2>/dev/null || true; \
 	  ./target/x86_64-unknown-linux-gnu/release/$$n corpus/$$n -max_total_time=$(FUZZ_SECONDS) -max_len=4096 || exit 1; done
+	mkdir -p fuzz/corpus/load_text && cp -n fuzz/seeds/load_text/* fuzz/corpus/load_text/ 2>/dev/null || true
+	$(PY) fuzz/python/load_text.py fuzz/corpus/load_text -max_total_time=$(FUZZ_SECONDS) -max_len=512
 
 clean: ## Remove build outputs and the venv
 	$(CARGO) clean; rm -rf $(VENV)
