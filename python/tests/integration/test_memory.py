@@ -84,12 +84,25 @@ def test_memcached_large_values_stay_within_memory_plus_buffers(start_server: Ca
     assert after - idle <= 64 * MiB * 1.1, f"RSS {after / MiB:.0f} MiB after the burst"
 
 
-def _native_conn(addr: str) -> socket.socket:
+def _native_conn(addr: str) -> tuple[socket.socket, int]:
+    """A native connection past HELLO, and the server's epoch."""
     host, _, port = addr.rpartition(":")
     s = socket.create_connection((host, int(port)), timeout=10)
-    hello = {"protocol_version": 1, "token_hex": "", "client_name": "stuck"}
-    s.sendall(_wire.encode_message("HELLO", 1, hello))
-    return s
+    return s, _hello(s)
+
+
+def _hello(s: socket.socket) -> int:
+    """Sends HELLO on a native connection and returns the server's epoch from its reply."""
+    s.sendall(_wire.encode_message("HELLO", 1, {"protocol_version": 1, "token_hex": "", "client_name": "stuck"}))
+    buf = b""
+    while True:
+        buf += s.recv(1 << 16)
+        try:
+            _, _, _, fields = _wire.decode_message(buf)
+            return int(fields["epoch"])
+        except _wire.WireError as e:
+            if e.code != "incomplete":
+                raise
 
 
 class _Pid:
@@ -145,9 +158,11 @@ def test_native_large_gets_stay_within_the_buffer_budget(budget_grid: Any) -> No
         readers_peak = peak[0]
 
         # Eight clients pipeline large GETs and never read their replies.
-        get_body = {"table": "big", "version": 0, "epoch": 0}
-        stuck = [_native_conn(addr) for _ in range(8)]
-        for s in stuck:
+        stuck = []
+        for _ in range(8):
+            s, epoch = _native_conn(addr)
+            stuck.append(s)
+            get_body = {"table": "big", "version": 0, "epoch": epoch}
             frames = b""
             for i in range(10):
                 group = {"partition": 0, "keys_hex": [k.encode().hex() for k in keys[i * 7 : i * 7 + 7]]}
@@ -160,6 +175,12 @@ def test_native_large_gets_stay_within_the_buffer_budget(budget_grid: Any) -> No
         got = grid.table("small").get_many(np.arange(1000))
         assert np.array_equal(got, np.arange(1000) * 3)
         stuck_peak = peak[0]
+        # The first stuck client's first reply is a real value-carrying GET reply (status OK), not a
+        # refusal: the scenario did make the server compose large replies.
+        head = b""
+        while len(head) < 17:
+            head += stuck[0].recv(17 - len(head))
+        assert head[16] == 0, f"first GET reply has status {head[16]}"
         for s in stuck:
             s.close()
     finally:
