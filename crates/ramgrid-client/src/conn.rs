@@ -27,6 +27,9 @@ const LATE_READ: Duration = Duration::from_millis(1);
 /// costs more than the wait itself. Bounded, so an idle or slow server costs at most this much CPU.
 const SPIN: Duration = Duration::from_micros(50);
 
+/// Longest text line read from a server that answers a native frame with text (its refusal).
+const MAX_REFUSAL_LINE: usize = 512;
+
 /// How long a server that failed is tried last (after its partitions' other replicas).
 const DOWN_FOR: Duration = Duration::from_secs(2);
 
@@ -171,6 +174,9 @@ impl Conn {
                     let want = needed.max(self.rbuf.len() + 1);
                     self.fill(server, want, deadline)?;
                 }
+                Err(FrameError::BadMagic(_)) if self.rbuf[0].is_ascii_graphic() => {
+                    return Err(self.refusal(server, deadline))
+                }
                 Err(e) => {
                     return Err(Error::Protocol {
                         server: server.to_string(),
@@ -178,6 +184,28 @@ impl Conn {
                     })
                 }
             }
+        }
+    }
+
+    /// The server answered with text where a frame should be: a memcached-style line saying why it
+    /// turns the connection away (`SERVER_ERROR too many open connections`), then it closes. Reads
+    /// the rest of the line (what is there by the deadline) and names it.
+    fn refusal(&mut self, server: &str, deadline: Instant) -> Error {
+        while !self.rbuf.contains(&b'\n') && self.rbuf.len() < MAX_REFUSAL_LINE {
+            if self.fill(server, self.rbuf.len() + 1, deadline).is_err() {
+                break; // closed after its line, or silent: what arrived is the message
+            }
+        }
+        let end = self
+            .rbuf
+            .iter()
+            .position(|&b| b == b'\r' || b == b'\n')
+            .unwrap_or(self.rbuf.len())
+            .min(MAX_REFUSAL_LINE);
+        let line = String::from_utf8_lossy(&self.rbuf[..end]).into_owned();
+        Error::Refused {
+            server: server.to_string(),
+            message: line,
         }
     }
 

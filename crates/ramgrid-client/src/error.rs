@@ -35,6 +35,16 @@ pub enum Error {
         /// `host:port` of the server.
         server: String,
     },
+    /// The server turned the connection away before any exchange: it answered with a line of text
+    /// instead of a native frame (a server at its `--max-conns` says
+    /// `SERVER_ERROR too many open connections`, as memcached does) and closed.
+    #[error("{server} refused the connection: {message}")]
+    Refused {
+        /// `host:port` of the server.
+        server: String,
+        /// The server's line, e.g. `SERVER_ERROR too many open connections`.
+        message: String,
+    },
     /// A connection broke while a request was in flight.
     #[error("connection to {server} failed: {source}")]
     Io {
@@ -156,6 +166,8 @@ pub enum ErrorKind {
     ConnectionFailed,
     /// [`Error::Timeout`].
     Timeout,
+    /// [`Error::Refused`].
+    Refused,
     /// [`Error::Auth`].
     Auth,
     /// [`Error::Protocol`].
@@ -189,6 +201,7 @@ impl Error {
             Error::InvalidArgument(_) | Error::TooLarge { .. } => ErrorKind::InvalidArgument,
             Error::Connect { .. } | Error::Io { .. } => ErrorKind::ConnectionFailed,
             Error::Timeout { .. } => ErrorKind::Timeout,
+            Error::Refused { .. } => ErrorKind::Refused,
             Error::Auth { .. } => ErrorKind::Auth,
             Error::Protocol { .. } => ErrorKind::Protocol,
             Error::TableNotFound(_) => ErrorKind::TableNotFound,
@@ -205,7 +218,8 @@ impl Error {
     }
 
     /// Whether the failure is the server's or the network's (another replica may succeed), as opposed
-    /// to an answer about the data or the request itself.
+    /// to an answer about the data or the request itself. A refused connection is the server's (it
+    /// is full).
     pub(crate) fn is_transport(&self) -> bool {
         matches!(
             self,
@@ -213,6 +227,7 @@ impl Error {
                 | Error::Io { .. }
                 | Error::Timeout { .. }
                 | Error::Protocol { .. }
+                | Error::Refused { .. }
         )
     }
 }

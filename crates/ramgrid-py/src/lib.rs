@@ -31,6 +31,12 @@ create_exception!(
 );
 create_exception!(
     ramgrid._native,
+    ServerRefused,
+    ConnectionFailed,
+    "A server turned the connection away (e.g. it has too many open connections); the message says why."
+);
+create_exception!(
+    ramgrid._native,
     Timeout,
     RamgridError,
     "A request got no answer in time."
@@ -98,6 +104,7 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
     match e.kind() {
         ErrorKind::InvalidArgument => PyValueError::new_err(msg),
         ErrorKind::ConnectionFailed => ConnectionFailed::new_err(msg),
+        ErrorKind::Refused => ServerRefused::new_err(msg),
         ErrorKind::Timeout => Timeout::new_err(msg),
         ErrorKind::Auth => AuthError::new_err(msg),
         ErrorKind::Protocol => ProtocolError::new_err(msg),
@@ -811,6 +818,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(partition_of, m)?)?;
     m.add("RamgridError", py.get_type::<RamgridError>())?;
     m.add("ConnectionFailed", py.get_type::<ConnectionFailed>())?;
+    m.add("ServerRefused", py.get_type::<ServerRefused>())?;
     m.add("Timeout", py.get_type::<Timeout>())?;
     m.add("AuthError", py.get_type::<AuthError>())?;
     m.add("ProtocolError", py.get_type::<ProtocolError>())?;

@@ -13,7 +13,7 @@ pytest.importorskip(
 
 import ramgrid
 from ramgrid import _native
-from ramgrid.exceptions import PartitionsUnavailable
+from ramgrid.exceptions import ConnectionFailed, PartitionsUnavailable, ServerRefused
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -85,3 +85,14 @@ def test_unreplicated_reads_name_the_lost_partitions() -> None:
             t.lookup(dead[:10])
         with pytest.raises(PartitionsUnavailable):
             t.put_many(dead[:10], dead[:10])
+
+
+def test_a_server_at_its_connection_limit_raises_server_refused() -> None:
+    """A native client refused for too many connections gets ServerRefused (a ConnectionFailed) naming the reason,
+    not a protocol error about a bad magic byte."""
+    with ramgrid.local(servers=1, memory="64MiB", extra_args=["--max-conns", "1"]) as g:
+        g.create_table("one", partitions=4, value_type="i64")  # this handle's pooled connection is the one allowed
+        other = ramgrid.connect(g.spec, timeout=2.0)
+        with pytest.raises(ServerRefused, match="too many open connections") as e:
+            other.tables()
+        assert isinstance(e.value, ConnectionFailed)
