@@ -19,6 +19,7 @@
 mod client;
 mod conn;
 pub mod error;
+mod exchange;
 pub mod keys;
 pub mod near;
 pub mod plan;
