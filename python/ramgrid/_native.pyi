@@ -43,7 +43,8 @@ class Client:
     def list_tables(self) -> list[dict[str, Any]]: ...
     def describe_table(self, name: str) -> dict[str, Any]:
         """{"name", "partitions", "replication", "value_type", "dim", "current_version",
-        "versions": [{"version", "sealed", "items", "bytes"}]} aggregated over servers (items/bytes summed over primaries)."""
+        "versions": [{"version", "sealed", "items", "bytes"}], "unreachable": [address, ...]} aggregated over the
+        servers that answered (items/bytes summed over primaries; short when "unreachable" is not empty)."""
     # versions
     def create_version(self, table: str) -> int:
         """Creates the next version number on every server (open, not current) and returns it."""

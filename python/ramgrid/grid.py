@@ -380,7 +380,8 @@ class Table(_Reader):
     # metadata and versions
 
     def describe(self) -> dict[str, Any]:
-        """Settings, current version and per-version item/byte counts, aggregated over servers."""
+        """Settings, current version and per-version item/byte counts, aggregated over the servers that answer.
+        "unreachable" lists the servers that did not (down or failing); the counts then cover the others only."""
         return dict(self._client().describe_table(self.name))
 
     def versions(self) -> list[dict[str, Any]]:

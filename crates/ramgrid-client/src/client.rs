@@ -113,6 +113,9 @@ pub struct TableDescription {
     pub current_version: u32,
     /// Every version any server holds, ascending.
     pub versions: Vec<VersionSummary>,
+    /// Servers that did not answer (down, or failed during the call): the description is that of
+    /// the others, and items and bytes may then count short.
+    pub unreachable: Vec<String>,
 }
 
 /// One version of a table over the whole cluster.
@@ -594,51 +597,56 @@ impl Client {
         Ok(())
     }
 
-    /// Every table any server holds, aggregated like [`Client::describe_table`], by name.
+    /// Every table any server holds, aggregated like [`Client::describe_table`], by name. Like it,
+    /// answers from the servers that are up.
     pub fn list_tables(&self) -> Result<Vec<TableDescription>> {
         let topo = self.topology();
-        let answers = self.ask_all(&topo, &Request::ListTables, |s, resp| match resp {
-            Response::Tables(ts) => Ok(ts),
-            Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, "", 0, e)),
-            other => Err(unexpected(&topo.pools[s].addr, &other)),
-        })?;
+        let (answers, unreachable) =
+            self.ask_live(&topo, &Request::ListTables, |s, resp| match resp {
+                Response::Tables(ts) => Ok(ts),
+                Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, "", 0, e)),
+                other => Err(unexpected(&topo.pools[s].addr, &other)),
+            })?;
         let mut by_name: std::collections::BTreeMap<String, Vec<TableInfo>> = Default::default();
         for t in answers.into_iter().flatten().flatten() {
             by_name.entry(t.name.clone()).or_default().push(t);
         }
         Ok(by_name
             .into_values()
-            .map(|infos| aggregate(&topo, &infos))
+            .map(|infos| aggregate(&topo, &infos, unreachable.clone()))
             .collect())
     }
 
     /// A table over the whole cluster: versions merged, items and bytes summed over servers and
-    /// divided by the effective replication.
+    /// divided by the effective replication. A metadata read: servers that are down or fail are
+    /// left out (named in [`TableDescription::unreachable`]); it fails only if none answers.
     pub fn describe_table(&self, name: &str) -> Result<TableDescription> {
         let topo = self.topology();
-        let infos = self.describe_all(&topo, name)?;
+        let (answers, unreachable) = self.ask_live(
+            &topo,
+            &Request::DescribeTable { name },
+            describe_answer(&topo, name),
+        )?;
+        let infos: Vec<TableInfo> = answers.into_iter().flatten().flatten().collect();
         if infos.is_empty() {
             return Err(Error::TableNotFound(name.to_string()));
         }
-        Ok(aggregate(&topo, &infos))
+        Ok(aggregate(&topo, &infos, unreachable))
     }
 
-    /// DESCRIBE_TABLE on every server; the servers that do not have the table are left out.
+    /// DESCRIBE_TABLE on every server, each of which must answer (for admin calls that need them
+    /// all); the servers that do not have the table are left out.
     fn describe_all(&self, topo: &Topology, name: &str) -> Result<Vec<TableInfo>> {
         let answers = self.ask_all(
             topo,
             &Request::DescribeTable { name },
-            |s, resp| match resp {
-                Response::Table(t) => Ok(Some(t)),
-                Response::Error(e) if e.status == Status::NoSuchTable => Ok(None),
-                Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, name, 0, e)),
-                other => Err(unexpected(&topo.pools[s].addr, &other)),
-            },
+            describe_answer(topo, name),
         )?;
         Ok(answers.into_iter().flatten().flatten().collect())
     }
 
-    /// The newest current version over the servers.
+    /// The newest current version over the servers that answer (see [`Client::describe_table`]: a
+    /// version becomes current only on every server at once, so those that answer agree).
     pub fn current_version(&self, table: &str) -> Result<u32> {
         Ok(self.describe_table(table)?.current_version)
     }
@@ -860,6 +868,19 @@ pub(crate) fn unexpected(addr: &str, resp: &Response<'_>) -> Error {
     }
 }
 
+/// Takes one server's DESCRIBE_TABLE answer: `None` when it does not have the table.
+fn describe_answer<'t>(
+    topo: &'t Topology,
+    name: &'t str,
+) -> impl FnMut(usize, Response<'_>) -> Result<Option<TableInfo>> + 't {
+    move |s, resp| match resp {
+        Response::Table(t) => Ok(Some(t)),
+        Response::Error(e) if e.status == Status::NoSuchTable => Ok(None),
+        Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, name, 0, e)),
+        other => Err(unexpected(&topo.pools[s].addr, &other)),
+    }
+}
+
 fn refusal_err(addr: &str, table: &str, version: u32, e: ErrorReply) -> Error {
     match refusal(0, addr, table, version, e) {
         OpError::Fatal(e) => e,
@@ -868,7 +889,7 @@ fn refusal_err(addr: &str, table: &str, version: u32, e: ErrorReply) -> Error {
 }
 
 /// Merges one table's descriptions from several servers.
-fn aggregate(topo: &Topology, infos: &[TableInfo]) -> TableDescription {
+fn aggregate(topo: &Topology, infos: &[TableInfo], unreachable: Vec<String>) -> TableDescription {
     let first = &infos[0];
     let r = u64::from(first.replication.clamp(1, (topo.pools.len() as u32).max(1)));
     let mut versions: std::collections::BTreeMap<u32, VersionSummary> = Default::default();
@@ -896,6 +917,7 @@ fn aggregate(topo: &Topology, infos: &[TableInfo]) -> TableDescription {
         value_type: first.value_type,
         current_version: infos.iter().map(|t| t.current_version).max().unwrap_or(0),
         versions: versions.into_values().collect(),
+        unreachable,
     }
 }
 
@@ -950,6 +972,7 @@ mod tests {
         let d = aggregate(
             &topo,
             &[info(1, true, 4), info(2, false, 6), info(1, true, 10)],
+            Vec::new(),
         );
         assert_eq!(d.current_version, 2);
         assert_eq!(

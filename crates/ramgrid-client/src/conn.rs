@@ -3,10 +3,13 @@
 //! Each connection carries one request at a time: the fan-out writes a frame on one connection per
 //! server, then reads each reply, so the servers work at the same time without any thread per server.
 //! A connection that saw any error (I/O, timeout, a reply it could not parse) is dropped, never pooled:
-//! it may hold half a reply, and the next request would read garbage.
+//! it may hold half a reply, and the next request would read garbage. A pooled connection is checked
+//! before reuse ([`Conn::is_alive`]): one the server closed while it sat idle (a restart) is dropped
+//! before a request is written on it.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -54,6 +57,10 @@ pub(crate) struct Conn {
     next_id: u64,
     last_id: u64,
     last_op: Opcode,
+    /// A request was sent and its reply not yet read whole: the connection cannot carry another.
+    awaiting: bool,
+    /// Taken from the pool (it carried an earlier exchange), as opposed to opened for this request.
+    pub(crate) reused: bool,
 }
 
 /// One reply frame, borrowed from its connection's read buffer until the next request.
@@ -100,6 +107,8 @@ impl Conn {
                         next_id: 1,
                         last_id: 0,
                         last_op: Opcode::Ping,
+                        awaiting: false,
+                        reused: false,
                     });
                 }
                 Err(e) => last = e,
@@ -127,8 +136,13 @@ impl Conn {
         op: Opcode,
         deadline: Instant,
     ) -> Result<()> {
+        // Drop the previous reply's bytes (only one request is ever in flight, so all of them): from
+        // here on, bytes in `rbuf` are this request's reply.
+        self.rbuf.drain(..self.consumed);
+        self.consumed = 0;
         self.last_id = id;
         self.last_op = op;
+        self.awaiting = true;
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Error::Timeout {
@@ -143,7 +157,7 @@ impl Conn {
 
     /// Reads the reply to the last request sent, waiting at most until `deadline`.
     pub(crate) fn recv(&mut self, server: &str, deadline: Instant) -> Result<Reply<'_>> {
-        // Drop the previous reply's bytes (only one request is ever in flight, so normally all of them).
+        // Normally a no-op: `send` already dropped the previous reply.
         if self.consumed > 0 {
             self.rbuf.drain(..self.consumed);
             self.consumed = 0;
@@ -167,6 +181,7 @@ impl Conn {
                         });
                     }
                     self.consumed = used;
+                    self.awaiting = false;
                     let body = &self.rbuf[used - frame.body.len()..used];
                     return Ok(Reply { body });
                 }
@@ -209,6 +224,28 @@ impl Conn {
         }
     }
 
+    /// Whether any byte of the reply to the last request has arrived.
+    pub(crate) fn reply_started(&self) -> bool {
+        self.rbuf.len() > self.consumed
+    }
+
+    /// Whether a pooled connection can still be used: the server has not closed it (a restart, or it
+    /// dropped an idle client) and sent nothing unasked. Checked without blocking.
+    pub(crate) fn is_alive(&self) -> bool {
+        let mut byte = 0u8;
+        // SAFETY: one byte of valid memory; the fd belongs to `stream`.
+        let n = unsafe {
+            libc::recv(
+                self.stream.as_raw_fd(),
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        // -1 with EAGAIN: nothing to read, open. 0: closed. Bytes: out of step. Other errors: broken.
+        n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock
+    }
+
     /// Reads until `rbuf` holds at least `want` bytes.
     ///
     /// Past the deadline a read still succeeds if bytes are already there (it waits at most
@@ -234,13 +271,7 @@ impl Conn {
             match r {
                 Ok(0) => {
                     self.rbuf.truncate(len);
-                    return Err(Error::Io {
-                        server: server.to_string(),
-                        source: io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "server closed the connection",
-                        ),
-                    });
+                    return Err(closed(server));
                 }
                 Ok(n) => self.rbuf.truncate(len + n),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => self.rbuf.truncate(len),
@@ -256,7 +287,14 @@ impl Conn {
     /// Whether the connection can carry another request: the last reply was read whole and nothing
     /// else arrived after it.
     pub(crate) fn is_clean(&self) -> bool {
-        self.rbuf.len() == self.consumed
+        !self.awaiting && self.rbuf.len() == self.consumed
+    }
+}
+
+fn closed(server: &str) -> Error {
+    Error::Io {
+        server: server.to_string(),
+        source: io::Error::new(io::ErrorKind::UnexpectedEof, "server closed the connection"),
     }
 }
 
@@ -279,9 +317,15 @@ impl Pool {
         }
     }
 
-    /// An idle connection, if one is pooled.
+    /// An idle connection, if one is pooled and still open (closed ones are dropped on the way).
     pub(crate) fn take_idle(&self) -> Option<Conn> {
-        self.idle.lock().pop()
+        loop {
+            let mut conn = self.idle.lock().pop()?;
+            if conn.is_alive() {
+                conn.reused = true;
+                return Some(conn);
+            }
+        }
     }
 
     /// Returns a connection after a complete exchange; dropped if the pool is full or it is not clean.

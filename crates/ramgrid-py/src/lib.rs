@@ -288,6 +288,7 @@ fn description_dict<'py>(py: Python<'py>, d: &TableDescription) -> PyResult<Boun
         versions.append(e)?;
     }
     out.set_item("versions", versions)?;
+    out.set_item("unreachable", d.unreachable.clone())?;
     Ok(out)
 }
 
