@@ -6,12 +6,14 @@
 //! 1. Keys are hashed to partitions ([`ramgrid_proto::cluster::partition_of`]) and grouped by
 //!    partition (one counting sort).
 //! 2. Each partition with keys is assigned a server: for reads the first replica that has not failed in
-//!    this call (servers that failed recently are tried last); for writes every replica.
+//!    this call and is up (slow or down servers are tried last, `health.rs`); for writes every replica.
 //! 3. One frame per server is encoded straight into that connection's buffer and written; only then
-//!    are the replies read, one server after another, so every server works at the same time.
+//!    are the replies read, so every server works at the same time. Reads wait on all connections at
+//!    once and send a late server's partitions to another replica too (`hedge.rs`).
 //! 4. Reply values are scattered into the caller's output by key index (no per-key allocation).
 //! 5. A server that fails (connect, I/O, timeout, garbage) is marked down and its partitions go to the
-//!    next replica in another round; a partition with no replica left is reported by number.
+//!    next replica; a partition with no replica left is reported by number. Connections, retries and
+//!    down-marking live in `exchange.rs`; every call is bounded by the call deadline (`deadline.rs`).
 //! 6. A refusal for a stale epoch (WRONG_EPOCH, NOT_OWNER) fetches the spec from the refusing server,
 //!    adopts it and retries the batch, a bounded number of times.
 
@@ -27,7 +29,9 @@ use ramgrid_proto::native::{
 };
 
 use crate::conn::{ConnSettings, Pool};
+use crate::deadline::{self, CallScope};
 use crate::error::{Error, Result};
+use crate::health::Prober;
 use crate::near::{NearCache, NearStats};
 use crate::plan::Ack;
 use crate::values::Values;
@@ -53,7 +57,10 @@ pub struct ClientConfig {
     pub token: Option<String>,
     /// Limit for each request round trip (every round of a batch gets its own).
     pub timeout: Duration,
-    /// Limit for opening a TCP connection.
+    /// Limit for a whole call, every round, failover and retry included: no call returns later
+    /// than this (it fails with a Timeout instead). Calls of very many keys may need more.
+    pub call_timeout: Duration,
+    /// Limit for opening a connection: the TCP connect, and then the HELLO exchange.
     pub connect_timeout: Duration,
     /// Replicas that must acknowledge each written key.
     pub ack: Ack,
@@ -68,12 +75,14 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
-    /// Defaults for `servers`: 5 s timeout, 1 s connect timeout, ack all, no near cache, 4 pooled connections.
+    /// Defaults for `servers`: 5 s timeout, 30 s call timeout, 1 s connect timeout, ack all, no near
+    /// cache, 4 pooled connections.
     pub fn new(servers: Vec<String>) -> ClientConfig {
         ClientConfig {
             servers,
             token: None,
             timeout: Duration::from_secs(5),
+            call_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(1),
             ack: Ack::All,
             near_cache_bytes: 0,
@@ -161,6 +170,8 @@ impl std::fmt::Debug for Client {
 
 pub(crate) struct Inner {
     pub(crate) settings: ConnSettings,
+    pub(crate) call_timeout: Duration,
+    pub(crate) prober: Arc<Prober>,
     pub(crate) ack: Ack,
     pub(crate) spec_retries: u32,
     pub(crate) topo: RwLock<Arc<Topology>>,
@@ -173,6 +184,12 @@ pub(crate) struct Inner {
     pub(crate) max_body: AtomicU64,
 }
 
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.prober.stop();
+    }
+}
+
 /// A spec, its epoch and pools, and the partition maps built from it.
 pub(crate) struct Topology {
     pub(crate) spec: ClusterSpec,
@@ -182,6 +199,18 @@ pub(crate) struct Topology {
 }
 
 impl Topology {
+    /// Server indices, those that are up first, down ones last: for requests any one server can
+    /// answer, so a hung or dead server is not waited for while another can be asked.
+    pub(crate) fn healthiest_first(&self) -> Vec<usize> {
+        let rank = |s: &usize| {
+            let h = &self.pools[*s].health;
+            (h.avoid_for_reads(), h.is_down())
+        };
+        let mut order: Vec<usize> = (0..self.pools.len()).collect();
+        order.sort_by_key(rank);
+        order
+    }
+
     pub(crate) fn map(&self, meta: &TableMeta) -> Arc<PartitionMap> {
         self.maps
             .lock()
@@ -299,6 +328,8 @@ impl Client {
         };
         let inner = Inner {
             settings,
+            call_timeout: config.call_timeout,
+            prober: Prober::new(),
             ack: config.ack,
             spec_retries: config.spec_retries,
             topo: RwLock::new(Arc::new(Topology {
@@ -322,6 +353,11 @@ impl Client {
 
     // ------------------------------------------------------------------------------------------
     // Spec and topology
+
+    /// Marks a public call: the outermost one on this thread sets the call's deadline.
+    pub(crate) fn call(&self) -> CallScope {
+        CallScope::enter(self.inner.call_timeout)
+    }
 
     pub(crate) fn topology(&self) -> Arc<Topology> {
         self.inner.topo.read().clone()
@@ -369,9 +405,10 @@ impl Client {
     /// Fetches the spec from the servers (the first that has one answers) and adopts it if its epoch
     /// differs from this client's.
     pub fn refresh_spec(&self) -> Result<()> {
+        let _call = self.call();
         let topo = self.topology();
         let mut last = None;
-        for s in 0..topo.pools.len() {
+        for s in topo.healthiest_first() {
             match self.fetch_spec(&topo, s) {
                 Ok(Some(spec)) => {
                     if spec.epoch() != topo.epoch {
@@ -409,6 +446,7 @@ impl Client {
 
     /// Sends this client's spec to every server (SET_SPEC); how a new cluster learns its layout.
     pub fn push_spec(&self) -> Result<()> {
+        let _call = self.call();
         let topo = self.topology();
         let text = topo.spec.to_text();
         self.broadcast(
@@ -484,12 +522,13 @@ impl Client {
 
     /// A table's shape (partitions, replication, value type), cached after the first ask.
     pub fn table_meta(&self, table: &str) -> Result<TableMeta> {
+        let _call = self.call();
         if let Some(m) = self.inner.tables.read().get(table) {
             return Ok(*m);
         }
         let topo = self.topology();
         let mut last = None;
-        for s in 0..topo.pools.len() {
+        for s in topo.healthiest_first() {
             let mut meta = None;
             let r = self.request(
                 &topo.pools[s],
@@ -531,6 +570,7 @@ impl Client {
         replication: u32,
         value_type: ValueType,
     ) -> Result<()> {
+        let _call = self.call();
         if partitions == 0 || replication == 0 {
             return Err(Error::InvalidArgument(
                 "partitions and replication must be at least 1".into(),
@@ -579,6 +619,7 @@ impl Client {
 
     /// Drops a table (every version) on every server. Fails only if no server had it.
     pub fn drop_table(&self, name: &str) -> Result<()> {
+        let _call = self.call();
         let topo = self.topology();
         let mut dropped = false;
         self.ask_all(&topo, &Request::DropTable { name }, |s, resp| match resp {
@@ -600,6 +641,7 @@ impl Client {
     /// Every table any server holds, aggregated like [`Client::describe_table`], by name. Like it,
     /// answers from the servers that are up.
     pub fn list_tables(&self) -> Result<Vec<TableDescription>> {
+        let _call = self.call();
         let topo = self.topology();
         let (answers, unreachable) =
             self.ask_live(&topo, &Request::ListTables, |s, resp| match resp {
@@ -621,6 +663,7 @@ impl Client {
     /// divided by the effective replication. A metadata read: servers that are down or fail are
     /// left out (named in [`TableDescription::unreachable`]); it fails only if none answers.
     pub fn describe_table(&self, name: &str) -> Result<TableDescription> {
+        let _call = self.call();
         let topo = self.topology();
         let (answers, unreachable) = self.ask_live(
             &topo,
@@ -655,6 +698,7 @@ impl Client {
     /// than the highest any server holds. If another client takes the number first, the versions this
     /// call created are dropped and the next number is tried.
     pub fn create_version(&self, table: &str) -> Result<u32> {
+        let _call = self.call();
         let topo = self.topology();
         for _ in 0..CREATE_VERSION_TRIES {
             let infos = self.describe_all(&topo, table)?;
@@ -709,6 +753,7 @@ impl Client {
 
     /// Seals a version on every server (idempotent).
     pub fn seal_version(&self, table: &str, version: u32) -> Result<()> {
+        let _call = self.call();
         let topo = self.topology();
         let req = Request::SealVersion(VersionRef { table, version });
         self.ask_all(&topo, &req, |s, resp| match resp {
@@ -728,6 +773,7 @@ impl Client {
     /// Makes a version current on every server. Refused, with nothing switched, unless every server
     /// holds it sealed.
     pub fn set_current(&self, table: &str, version: u32) -> Result<()> {
+        let _call = self.call();
         let topo = self.topology();
         let infos = self.describe_all(&topo, table)?;
         if infos.len() < topo.pools.len() {
@@ -759,6 +805,7 @@ impl Client {
 
     /// Drops a version on every server. Fails only if no server had it.
     pub fn drop_version(&self, table: &str, version: u32) -> Result<()> {
+        let _call = self.call();
         let topo = self.topology();
         let req = Request::DropVersion(VersionRef { table, version });
         let mut dropped = false;
@@ -832,19 +879,21 @@ impl Client {
     /// Each server's memcached-protocol `stats` (name, value pairs), in spec order; `Err` entries for
     /// servers that did not answer.
     pub fn server_stats(&self) -> Vec<(String, Result<ServerStats>)> {
+        let _call = self.call();
         let topo = self.topology();
+        let settings = &self.inner.settings;
         topo.spec
             .servers()
             .iter()
             .map(|addr| {
-                (
-                    addr.clone(),
-                    crate::stats::fetch(
-                        addr,
-                        self.inner.settings.connect_timeout,
-                        self.inner.settings.timeout,
-                    ),
-                )
+                let left =
+                    deadline::after(settings.timeout).saturating_duration_since(Instant::now());
+                let stats = if left.is_zero() {
+                    Err(deadline::timeout_error(addr))
+                } else {
+                    crate::stats::fetch(addr, settings.connect_timeout.min(left), left)
+                };
+                (addr.clone(), stats)
             })
             .collect()
     }

@@ -9,14 +9,17 @@
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use ramgrid_proto::native::{parse_frame, FrameError, Opcode};
+use ramgrid_proto::native::{
+    parse_frame, FrameError, Hello, Opcode, Request, Response, Status, PROTOCOL_VERSION,
+};
 
+use crate::deadline;
 use crate::error::{Error, Result};
+use crate::health::Health;
 
 /// Largest reply body the client accepts (a GET of many large values); a longer header means the
 /// stream is out of sync.
@@ -29,12 +32,8 @@ const LATE_READ: Duration = Duration::from_millis(1);
 /// each side, and on a virtual machine an idle vCPU that halts needs an interrupt to wake, which
 /// costs more than the wait itself. Bounded, so an idle or slow server costs at most this much CPU.
 const SPIN: Duration = Duration::from_micros(50);
-
 /// Longest text line read from a server that answers a native frame with text (its refusal).
 const MAX_REFUSAL_LINE: usize = 512;
-
-/// How long a server that failed is tried last (after its partitions' other replicas).
-const DOWN_FOR: Duration = Duration::from_secs(2);
 
 /// Connection settings shared by every pool of a client.
 #[derive(Debug, Clone)]
@@ -70,9 +69,7 @@ pub(crate) struct Reply<'c> {
 
 fn io_err(server: &str, e: io::Error) -> Error {
     match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Timeout {
-            server: server.to_string(),
-        },
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => deadline::timeout_error(server),
         _ => Error::Io {
             server: server.to_string(),
             source: e,
@@ -81,8 +78,68 @@ fn io_err(server: &str, e: io::Error) -> Error {
 }
 
 impl Conn {
-    /// Connects (bounded by the connect timeout) and sets up the socket. HELLO is the caller's.
-    pub(crate) fn connect(server: &str, settings: &ConnSettings) -> Result<Conn> {
+    /// Connects and says HELLO, bounded by `connect_timeout` for the connection and `timeout` for
+    /// the greeting (both capped by the call's deadline). Returns the connection and the server's
+    /// largest accepted frame body.
+    pub(crate) fn open(
+        server: &str,
+        settings: &ConnSettings,
+        connect_timeout: Duration,
+        timeout: Duration,
+    ) -> Result<(Conn, u32)> {
+        let deadline = deadline::after(timeout);
+        let connect_timeout =
+            connect_timeout.min(deadline.saturating_duration_since(Instant::now()));
+        if connect_timeout.is_zero() {
+            return Err(deadline::timeout_error(server));
+        }
+        let mut conn = Conn::connect(server, connect_timeout)?;
+        let token = settings.token.as_deref().unwrap_or("").as_bytes();
+        let hello = Request::Hello(Hello {
+            protocol_version: PROTOCOL_VERSION,
+            token,
+            client_name: &settings.client_name,
+        });
+        let id = conn.next_request_id();
+        let mut buf = std::mem::take(&mut conn.wbuf);
+        buf.clear();
+        hello
+            .encode(&mut buf, id)
+            .map_err(|e| Error::InvalidArgument(format!("cannot encode HELLO: {e}")))?;
+        conn.send(server, &buf, id, Opcode::Hello, deadline)?;
+        conn.wbuf = buf;
+        let reply = conn.recv(server, deadline)?;
+        let max_body = match Response::decode_body(Opcode::Hello, reply.body) {
+            Ok(Response::Hello(h)) => h.max_body,
+            Ok(Response::Error(e))
+                if matches!(e.status, Status::AuthFailed | Status::AuthRequired) =>
+            {
+                return Err(Error::Auth {
+                    server: server.to_string(),
+                    message: format!("{} {}", e.status.name(), e.message),
+                })
+            }
+            Ok(other) => {
+                return Err(Error::Protocol {
+                    server: server.to_string(),
+                    message: format!(
+                        "unexpected reply to HELLO: {}",
+                        format!("{other:?}").chars().take(80).collect::<String>()
+                    ),
+                })
+            }
+            Err(e) => {
+                return Err(Error::Protocol {
+                    server: server.to_string(),
+                    message: e.to_string(),
+                })
+            }
+        };
+        Ok((conn, max_body))
+    }
+
+    /// Connects (bounded by `connect_timeout`) and sets up the socket.
+    fn connect(server: &str, connect_timeout: Duration) -> Result<Conn> {
         let addrs: Vec<SocketAddr> = server
             .to_socket_addrs()
             .map_err(|e| Error::Connect {
@@ -92,7 +149,7 @@ impl Conn {
             .collect();
         let mut last = io::Error::new(io::ErrorKind::NotFound, "address resolved to nothing");
         for addr in addrs {
-            match TcpStream::connect_timeout(&addr, settings.connect_timeout) {
+            match TcpStream::connect_timeout(&addr, connect_timeout) {
                 Ok(stream) => {
                     // Frames are written whole; Nagle would only delay the last segment of each.
                     stream.set_nodelay(true).map_err(|e| Error::Connect {
@@ -145,9 +202,7 @@ impl Conn {
         self.awaiting = true;
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Error::Timeout {
-                server: server.to_string(),
-            });
+            return Err(deadline::timeout_error(server));
         }
         self.stream
             .set_write_timeout(Some(left))
@@ -224,9 +279,53 @@ impl Conn {
         }
     }
 
+    /// Reads whatever has arrived, without blocking. `Ok(true)` once a whole reply frame (or bytes
+    /// that can never become one, which [`Conn::recv`] then reports) is buffered; an error when the
+    /// server closed the connection or it broke.
+    pub(crate) fn try_fill(&mut self, server: &str) -> Result<bool> {
+        loop {
+            let want = match parse_frame(&self.rbuf[self.consumed..], MAX_REPLY_BODY) {
+                Err(FrameError::Incomplete { needed }) => self.consumed + needed,
+                _ => return Ok(true),
+            };
+            let len = self.rbuf.len();
+            let room = want.saturating_sub(len).max(READ_CHUNK);
+            self.rbuf.resize(len + room, 0);
+            // SAFETY: `rbuf[len..]` is valid for writes of `room` bytes for the whole call, and the
+            // fd belongs to `stream`, which outlives it.
+            let n = unsafe {
+                libc::recv(
+                    self.stream.as_raw_fd(),
+                    self.rbuf[len..].as_mut_ptr().cast(),
+                    room,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n > 0 {
+                self.rbuf.truncate(len + n as usize);
+                continue;
+            }
+            self.rbuf.truncate(len);
+            if n == 0 {
+                return Err(closed(server));
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::WouldBlock => return Ok(false),
+                io::ErrorKind::Interrupted => {}
+                _ => return Err(io_err(server, e)),
+            }
+        }
+    }
+
     /// Whether any byte of the reply to the last request has arrived.
     pub(crate) fn reply_started(&self) -> bool {
         self.rbuf.len() > self.consumed
+    }
+
+    /// The socket, to wait on several connections at once.
+    pub(crate) fn fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
     }
 
     /// Whether a pooled connection can still be used: the server has not closed it (a restart, or it
@@ -298,13 +397,11 @@ fn closed(server: &str) -> Error {
     }
 }
 
-/// Idle connections to one server, and when it last failed.
+/// Idle connections to one server, and its health (down or up, latency).
 pub(crate) struct Pool {
     pub(crate) addr: String,
     idle: Mutex<Vec<Conn>>,
-    /// Milliseconds since `epoch` until which the server counts as down; 0 = up.
-    down_until_ms: AtomicU64,
-    origin: Instant,
+    pub(crate) health: Health,
 }
 
 impl Pool {
@@ -312,8 +409,7 @@ impl Pool {
         Pool {
             addr,
             idle: Mutex::new(Vec::new()),
-            down_until_ms: AtomicU64::new(0),
-            origin: Instant::now(),
+            health: Health::new(),
         }
     }
 
@@ -344,23 +440,9 @@ impl Pool {
         self.idle.lock().clear();
     }
 
-    pub(crate) fn mark_down(&self) {
-        let until = self.origin.elapsed() + DOWN_FOR;
-        self.down_until_ms
-            .store(until.as_millis() as u64, Ordering::Relaxed);
-        self.clear();
-    }
-
-    pub(crate) fn mark_up(&self) {
-        if self.down_until_ms.load(Ordering::Relaxed) != 0 {
-            self.down_until_ms.store(0, Ordering::Relaxed);
-        }
-    }
-
-    /// Whether the server failed recently (it is then tried after the other replicas).
+    /// Whether the server is down (a request failed, and no probe has succeeded since).
     pub(crate) fn is_down(&self) -> bool {
-        let until = self.down_until_ms.load(Ordering::Relaxed);
-        until != 0 && (self.origin.elapsed().as_millis() as u64) < until
+        self.health.is_down()
     }
 }
 

@@ -1,5 +1,6 @@
 //! Exchanges with servers: checking out a connection (pooled and checked, or fresh with HELLO), one
-//! request to one server, and the fan-out of one frame to each of several servers.
+//! request to one server, and the fan-out of one frame to each of several servers (writes and
+//! admin; reads go through `hedge.rs`). A server that fails here is marked down (`health.rs`).
 //!
 //! The retry rule (docs/ARCHITECTURE.md restates it). A pooled connection may have died while it
 //! sat idle (the server restarted), and a request must not fail for that alone; but a write must
@@ -19,12 +20,11 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use ramgrid_proto::native::{Hello, Opcode, Request, Response, Status, PROTOCOL_VERSION};
+use ramgrid_proto::native::{Opcode, Request, Response};
 
-use crate::client::{
-    encode_err, refusal, unexpected, Client, Handled, OpError, Topology, CHUNK_BODY,
-};
+use crate::client::{encode_err, Client, Handled, Inner, OpError, Topology, CHUNK_BODY};
 use crate::conn::{Conn, Pool};
+use crate::deadline;
 use crate::error::{Error, Result};
 
 /// Whether sending `op` twice has the same effect as sending it once (rule 2 of the module).
@@ -62,62 +62,36 @@ pub(crate) fn may_resend(e: &Error, conn: &Conn, op: Opcode, frame_written: bool
         && (!frame_written || idempotent(op))
 }
 
+impl Inner {
+    /// Remembers the smallest frame body limit a server announced in HELLO.
+    pub(crate) fn note_max_body(&self, max_body: u32) {
+        let mb = u64::from(max_body);
+        let _ = self
+            .max_body
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
+                (cur == 0 || mb < cur).then_some(mb)
+            });
+    }
+}
+
 impl Client {
     /// A connection to `pool`'s server: a live pooled one unless `fresh`, else a new one (connect
-    /// and HELLO).
+    /// and HELLO, both within the connect timeout: a server that accepts but never greets is as
+    /// unreachable as one that refuses).
     pub(crate) fn checkout(&self, pool: &Pool, fresh: bool) -> Result<Conn> {
         if !fresh {
             if let Some(c) = pool.take_idle() {
                 return Ok(c);
             }
         }
-        let mut conn = Conn::connect(&pool.addr, &self.inner.settings)?;
-        let token = self
-            .inner
-            .settings
-            .token
-            .as_deref()
-            .unwrap_or("")
-            .as_bytes();
-        let hello = Request::Hello(Hello {
-            protocol_version: PROTOCOL_VERSION,
-            token,
-            client_name: &self.inner.settings.client_name,
-        });
-        let id = conn.next_request_id();
-        let mut buf = std::mem::take(&mut conn.wbuf);
-        buf.clear();
-        hello.encode(&mut buf, id).map_err(encode_err)?;
-        let deadline = Instant::now() + self.inner.settings.timeout;
-        conn.send(&pool.addr, &buf, id, Opcode::Hello, deadline)?;
-        conn.wbuf = buf;
-        let reply = conn.recv(&pool.addr, deadline)?;
-        match Response::decode_body(Opcode::Hello, reply.body) {
-            Ok(Response::Hello(h)) => {
-                let mb = u64::from(h.max_body);
-                let _ =
-                    self.inner
-                        .max_body
-                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
-                            (cur == 0 || mb < cur).then_some(mb)
-                        });
-            }
-            Ok(Response::Error(e))
-                if matches!(e.status, Status::AuthFailed | Status::AuthRequired) =>
-            {
-                return Err(Error::Auth {
-                    server: pool.addr.clone(),
-                    message: format!("{} {}", e.status.name(), e.message),
-                })
-            }
-            Ok(other) => return Err(unexpected(&pool.addr, &other)),
-            Err(e) => {
-                return Err(Error::Protocol {
-                    server: pool.addr.clone(),
-                    message: e.to_string(),
-                })
-            }
-        }
+        let s = &self.inner.settings;
+        let (conn, max_body) = Conn::open(
+            &pool.addr,
+            s,
+            s.connect_timeout,
+            s.connect_timeout.min(s.timeout),
+        )?;
+        self.inner.note_max_body(max_body);
         Ok(conn)
     }
 
@@ -125,10 +99,23 @@ impl Client {
         pool.put_back(conn, self.inner.settings.pool_size);
     }
 
+    /// Takes a server out of rotation until a probe succeeds (see `health.rs`).
+    pub(crate) fn mark_down(&self, pool: &Pool) {
+        pool.clear();
+        pool.health.mark_down();
+        self.inner.prober.kick(&self.inner);
+    }
+
+    /// Takes a server out of rotation for reads until a probe succeeds (see `health.rs`).
+    pub(crate) fn mark_slow(&self, pool: &Pool) {
+        pool.health.mark_slow();
+        self.inner.prober.kick(&self.inner);
+    }
+
     /// `e` after marking the server down if the failure is the server's.
     fn failed(&self, pool: &Pool, e: Error) -> Error {
         if e.is_transport() {
-            pool.mark_down();
+            self.mark_down(pool);
         }
         e
     }
@@ -150,7 +137,7 @@ impl Client {
             let mut buf = std::mem::take(&mut conn.wbuf);
             buf.clear();
             req.encode(&mut buf, id).map_err(encode_err)?;
-            let deadline = Instant::now() + self.inner.settings.timeout;
+            let deadline = deadline::after(self.inner.settings.timeout);
             let sent = conn.send(&pool.addr, &buf, id, op, deadline);
             conn.wbuf = buf;
             if let Err(e) = sent {
@@ -177,7 +164,7 @@ impl Client {
                     return Err(self.failed(pool, e));
                 }
             };
-            pool.mark_up();
+            pool.health.mark_up();
             self.put_back(pool, conn);
             return out;
         }
@@ -186,7 +173,7 @@ impl Client {
     /// Checks out a connection to server `s` and writes one frame (built by `encode`) on it,
     /// resending once on a fresh connection as the retry rule allows. `Ok(Err(e))`: the server
     /// failed (marked down if the failure is its own).
-    fn send_frame(
+    pub(crate) fn send_frame(
         &self,
         topo: &Topology,
         s: usize,
@@ -205,7 +192,7 @@ impl Client {
             let mut buf = std::mem::take(&mut conn.wbuf);
             buf.clear();
             encode(s, &mut buf, id)?;
-            let deadline = Instant::now() + self.inner.settings.timeout;
+            let deadline = deadline::after(self.inner.settings.timeout);
             let sent = conn.send(&pool.addr, &buf, id, op, deadline);
             // Keep a connection's buffer for its next frame, unless one huge batch made it huge.
             if buf.capacity() <= 4 * CHUNK_BODY / 16 {
@@ -268,7 +255,7 @@ impl Client {
             };
             match handled {
                 Ok(Handled::Ok) => {
-                    pool.mark_up();
+                    pool.health.mark_up();
                     self.put_back(pool, conn);
                 }
                 Ok(Handled::Failed(e)) => {
@@ -304,7 +291,13 @@ impl Client {
                 req.opcode(),
                 |_, buf, id| req.encode(buf, id).map_err(encode_err),
                 |s, resp| match resp {
-                    Response::Error(e) => Err(refusal(s, &topo.pools[s].addr, table, version, e)),
+                    Response::Error(e) => Err(crate::client::refusal(
+                        s,
+                        &topo.pools[s].addr,
+                        table,
+                        version,
+                        e,
+                    )),
                     other => take(s, other).map(|()| Handled::Ok),
                 },
             )

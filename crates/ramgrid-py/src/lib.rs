@@ -306,7 +306,7 @@ impl Client {
         reason = "mirrors the Python constructor's keyword arguments"
     )]
     #[new]
-    #[pyo3(signature = (servers, token=None, timeout_ms=5000, connect_timeout_ms=1000, ack="all", near_cache_bytes=0, pool_size=4))]
+    #[pyo3(signature = (servers, token=None, timeout_ms=5000, connect_timeout_ms=1000, ack="all", near_cache_bytes=0, pool_size=4, call_timeout_ms=30000))]
     fn new(
         py: Python<'_>,
         servers: Vec<String>,
@@ -316,10 +316,12 @@ impl Client {
         ack: &str,
         near_cache_bytes: usize,
         pool_size: usize,
+        call_timeout_ms: u64,
     ) -> PyResult<Client> {
         let mut cfg = ClientConfig::new(servers);
         cfg.token = token;
         cfg.timeout = Duration::from_millis(timeout_ms.max(1));
+        cfg.call_timeout = Duration::from_millis(call_timeout_ms.max(1));
         cfg.connect_timeout = Duration::from_millis(connect_timeout_ms.max(1));
         cfg.ack = ack.parse::<Ack>().map_err(|e| to_py(py, e))?;
         cfg.near_cache_bytes = near_cache_bytes;
