@@ -238,40 +238,57 @@ impl Round<'_, '_> {
         Ok(())
     }
 
-    /// Waits for replies until every partition is answered or no flight is left.
+    /// Waits for replies until every partition is answered or no flight is left. Each pass asks
+    /// the kernel once which sockets have bytes (without waiting while it spins, else until the
+    /// next deadline or hedge time) and reads only those; the first pass reads them all.
     fn run(&mut self) -> std::result::Result<(), OpError> {
         let mut idle_since = Instant::now();
+        let mut readable: Option<Vec<bool>> = None;
         while self.left > 0 && self.waiting_for_any() {
             let now = Instant::now();
             let mut progress = false;
             let mut i = 0;
-            // Flights launched while this pass runs are looked at in the same pass.
+            // Flights launched while this pass runs are looked at in the same pass (and read).
             while i < self.flights.len() {
-                if self.step(i, now)? {
+                let ready = readable
+                    .as_ref()
+                    .is_none_or(|r| r.get(i).copied().unwrap_or(true));
+                if self.step(i, now, ready)? {
                     progress = true;
                 }
                 i += 1;
             }
             if progress {
                 idle_since = Instant::now();
-            } else if idle_since.elapsed() < SPIN {
-                std::thread::yield_now();
-            } else {
-                self.wait();
             }
+            let spinning = idle_since.elapsed() < SPIN;
+            if spinning && !progress {
+                std::thread::yield_now();
+            }
+            readable = Some(self.poll(spinning));
         }
         Ok(())
     }
 
-    /// Looks at flight `i`: takes its reply if whole, fails it past its deadline, hedges it past
-    /// its hedge time. Returns whether something happened.
-    fn step(&mut self, i: usize, now: Instant) -> std::result::Result<bool, OpError> {
+    /// Looks at flight `i`: takes its reply if whole (reading only when `readable`), fails it past
+    /// its deadline, hedges it past its hedge time. Returns whether something happened.
+    fn step(
+        &mut self,
+        i: usize,
+        now: Instant,
+        readable: bool,
+    ) -> std::result::Result<bool, OpError> {
         let Some(f) = self.flights[i].as_mut() else {
             return Ok(false);
         };
         let topo = self.topo;
         let addr = &topo.pools[f.server].addr;
-        match f.conn.try_fill(addr) {
+        let filled = if readable {
+            f.conn.try_fill(addr)
+        } else {
+            Ok(false)
+        };
+        match filled {
             Ok(true) => {
                 let f = self.flights[i].take().expect("open flight");
                 self.finish(f)?;
@@ -363,28 +380,41 @@ impl Round<'_, '_> {
         self.server_failed(f.server, e, &f.parts)
     }
 
-    /// Sleeps until a connection has bytes, or the next deadline or hedge time.
-    fn wait(&self) {
+    /// Which flights' sockets have bytes (or an error or hangup to report), by flight index. Waits
+    /// for one, or until the next deadline or hedge time, unless `now_only`.
+    fn poll(&self, now_only: bool) -> Vec<bool> {
         let mut next: Option<Instant> = None;
-        let mut fds = Vec::new();
-        for f in self.flights.iter().flatten() {
-            let t = f.hedge_at.map_or(f.deadline, |h| h.min(f.deadline));
-            next = Some(next.map_or(t, |n| n.min(t)));
+        let mut fds = Vec::with_capacity(self.flights.len());
+        for f in &self.flights {
+            let fd = match f {
+                Some(f) => {
+                    let t = f.hedge_at.map_or(f.deadline, |h| h.min(f.deadline));
+                    next = Some(next.map_or(t, |n| n.min(t)));
+                    f.conn.fd()
+                }
+                None => -1, // ignored by poll
+            };
             fds.push(libc::pollfd {
-                fd: f.conn.fd(),
+                fd,
                 events: libc::POLLIN,
                 revents: 0,
             });
         }
-        let Some(next) = next else { return };
-        let left = next.saturating_duration_since(Instant::now());
-        // Round up to whole milliseconds: waking early only costs another pass.
-        let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-        // SAFETY: `fds` is a valid array of `fds.len()` pollfd for the whole call. An error
-        // (EINTR) only ends the wait early; the caller looks again.
-        unsafe {
-            libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms);
+        let ms = match (now_only, next) {
+            (true, _) | (_, None) => 0,
+            (false, Some(next)) => {
+                // Round up to whole milliseconds: waking early only costs another pass.
+                let left = next.saturating_duration_since(Instant::now());
+                left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+            }
+        };
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd for the whole call.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if n < 0 {
+            // EINTR (or worse): say every socket may have bytes; reading finds out.
+            return vec![true; fds.len()];
         }
+        fds.iter().map(|p| p.revents != 0).collect()
     }
 
     /// The round is over: drop the flights still waiting. A hedged server that has sent nothing
