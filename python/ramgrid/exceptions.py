@@ -19,6 +19,7 @@ try:
         PartitionsUnavailable,
         ProtocolError,
         RamgridError,
+        ServerRefused,
         TableExists,
         TableNotFound,
         Timeout,
@@ -35,6 +36,9 @@ except ImportError:  # the binding is not built: same names, same hierarchy
 
     class ConnectionFailed(RamgridError):  # type: ignore[no-redef]
         """A server could not be reached."""
+
+    class ServerRefused(ConnectionFailed):  # type: ignore[no-redef]
+        """A server turned the connection away (e.g. too many open connections); the message says why."""
 
     class Timeout(RamgridError):  # type: ignore[no-redef]
         """A request got no answer in time."""
@@ -161,6 +165,7 @@ __all__ = [
     "PartitionsUnavailable",
     "ProtocolError",
     "RamgridError",
+    "ServerRefused",
     "ServerStartError",
     "TableExists",
     "TableNotFound",

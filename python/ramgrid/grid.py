@@ -65,11 +65,12 @@ class GridConfig:
     ack: str = "all"
     near_cache_bytes: int = 0
     pool_size: int = 4
+    call_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         if self.ack not in _ACKS:
             raise ValueError(f"ack must be one of {', '.join(_ACKS)}, got {self.ack!r}")
-        if not self.timeout > 0 or not self.connect_timeout > 0:
+        if not self.timeout > 0 or not self.connect_timeout > 0 or not self.call_timeout > 0:
             raise ValueError("timeouts must be positive (seconds)")
         if self.near_cache_bytes < 0 or self.pool_size < 1:
             raise ValueError("near_cache_bytes must be >= 0 and pool_size >= 1")
@@ -85,6 +86,7 @@ class GridConfig:
                 ack=self.ack,
                 near_cache_bytes=int(self.near_cache_bytes),
                 pool_size=int(self.pool_size),
+                call_timeout_ms=max(1, int(self.call_timeout * 1000)),
             ),
         )
 
@@ -388,7 +390,8 @@ class Table(_Reader):
     # metadata and versions
 
     def describe(self) -> dict[str, Any]:
-        """Settings, current version and per-version item/byte counts, aggregated over servers."""
+        """Settings, current version and per-version item/byte counts, aggregated over the servers that answer.
+        "unreachable" lists the servers that did not (down or failing); the counts then cover the others only."""
         return dict(self._client().describe_table(self.name))
 
     def versions(self) -> list[dict[str, Any]]:
@@ -565,12 +568,14 @@ def connect(
     near_cache_bytes: int = 0,
     connect_timeout: float = 1.0,
     pool_size: int = 4,
+    call_timeout: float = 30.0,
 ) -> Grid:
     """A handle on the cluster named by `spec`: a list of "host:port", a comma-separated string of them, or the
     path of a spec file (one host:port per line). The order of servers defines the partition map, so every client
     of a cluster must use the same order.
 
-    `timeout`: seconds per request; `ack`: replicas that must acknowledge a write ("all", "majority", "one");
+    `timeout`: seconds per request; `call_timeout`: seconds per call at most, every retry and failover included;
+    `ack`: replicas that must acknowledge a write ("all", "majority", "one");
     `near_cache_bytes`: size of the in-process cache for pinned (immutable) versions, 0 = off.
     Connections are opened on first use, in whichever process uses the handle.
     """
@@ -584,5 +589,6 @@ def connect(
             ack=ack,
             near_cache_bytes=int(near_cache_bytes),
             pool_size=int(pool_size),
+            call_timeout=float(call_timeout),
         )
     )

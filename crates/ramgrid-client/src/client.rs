@@ -6,12 +6,14 @@
 //! 1. Keys are hashed to partitions ([`ramgrid_proto::cluster::partition_of`]) and grouped by
 //!    partition (one counting sort).
 //! 2. Each partition with keys is assigned a server: for reads the first replica that has not failed in
-//!    this call (servers that failed recently are tried last); for writes every replica.
+//!    this call and is up (slow or down servers are tried last, `health.rs`); for writes every replica.
 //! 3. One frame per server is encoded straight into that connection's buffer and written; only then
-//!    are the replies read, one server after another, so every server works at the same time.
+//!    are the replies read, so every server works at the same time. Reads wait on all connections at
+//!    once and send a late server's partitions to another replica too (`hedge.rs`).
 //! 4. Reply values are scattered into the caller's output by key index (no per-key allocation).
 //! 5. A server that fails (connect, I/O, timeout, garbage) is marked down and its partitions go to the
-//!    next replica in another round; a partition with no replica left is reported by number.
+//!    next replica; a partition with no replica left is reported by number. Connections, retries and
+//!    down-marking live in `exchange.rs`; every call is bounded by the call deadline (`deadline.rs`).
 //! 6. A refusal for a stale epoch (WRONG_EPOCH, NOT_OWNER) fetches the spec from the refusing server,
 //!    adopts it and retries the batch, a bounded number of times.
 
@@ -23,12 +25,13 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use ramgrid_proto::cluster::{ClusterSpec, PartitionMap};
 use ramgrid_proto::native::{
-    CreateTable, ErrorReply, Hello, Opcode, Request, Response, Status, TableInfo, ValueType,
-    VersionRef, PROTOCOL_VERSION,
+    CreateTable, ErrorReply, Request, Response, Status, TableInfo, ValueType, VersionRef,
 };
 
-use crate::conn::{Conn, ConnSettings, Pool};
+use crate::conn::{ConnSettings, Pool};
+use crate::deadline::{self, CallScope};
 use crate::error::{Error, Result};
+use crate::health::Prober;
 use crate::near::{NearCache, NearStats};
 use crate::plan::Ack;
 use crate::values::Values;
@@ -37,7 +40,7 @@ use crate::values::Values;
 const DEFAULT_MAX_BODY: usize = 1 << 20;
 /// Largest request frame body the client builds at all: bigger batches are cut into chunks, each a
 /// full fan-out round, which bounds the memory a batch holds in flight.
-const CHUNK_BODY: usize = 16 << 20;
+pub(crate) const CHUNK_BODY: usize = 16 << 20;
 /// Room left in a frame for its header, table name and per-group overhead.
 const FRAME_SLACK: usize = 4096;
 /// How long "version V of T is not sealed" is believed before the near cache asks again.
@@ -54,7 +57,10 @@ pub struct ClientConfig {
     pub token: Option<String>,
     /// Limit for each request round trip (every round of a batch gets its own).
     pub timeout: Duration,
-    /// Limit for opening a TCP connection.
+    /// Limit for a whole call, every round, failover and retry included: no call returns later
+    /// than this (it fails with a Timeout instead). Calls of very many keys may need more.
+    pub call_timeout: Duration,
+    /// Limit for opening a connection: the TCP connect, and then the HELLO exchange.
     pub connect_timeout: Duration,
     /// Replicas that must acknowledge each written key.
     pub ack: Ack,
@@ -69,12 +75,14 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
-    /// Defaults for `servers`: 5 s timeout, 1 s connect timeout, ack all, no near cache, 4 pooled connections.
+    /// Defaults for `servers`: 5 s timeout, 30 s call timeout, 1 s connect timeout, ack all, no near
+    /// cache, 4 pooled connections.
     pub fn new(servers: Vec<String>) -> ClientConfig {
         ClientConfig {
             servers,
             token: None,
             timeout: Duration::from_secs(5),
+            call_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(1),
             ack: Ack::All,
             near_cache_bytes: 0,
@@ -114,6 +122,9 @@ pub struct TableDescription {
     pub current_version: u32,
     /// Every version any server holds, ascending.
     pub versions: Vec<VersionSummary>,
+    /// Servers that did not answer (down, or failed during the call): the description is that of
+    /// the others, and items and bytes may then count short.
+    pub unreachable: Vec<String>,
 }
 
 /// One version of a table over the whole cluster.
@@ -159,6 +170,8 @@ impl std::fmt::Debug for Client {
 
 pub(crate) struct Inner {
     pub(crate) settings: ConnSettings,
+    pub(crate) call_timeout: Duration,
+    pub(crate) prober: Arc<Prober>,
     pub(crate) ack: Ack,
     pub(crate) spec_retries: u32,
     pub(crate) topo: RwLock<Arc<Topology>>,
@@ -171,6 +184,12 @@ pub(crate) struct Inner {
     pub(crate) max_body: AtomicU64,
 }
 
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.prober.stop();
+    }
+}
+
 /// A spec, its epoch and pools, and the partition maps built from it.
 pub(crate) struct Topology {
     pub(crate) spec: ClusterSpec,
@@ -180,6 +199,18 @@ pub(crate) struct Topology {
 }
 
 impl Topology {
+    /// Server indices, those that are up first, down ones last: for requests any one server can
+    /// answer, so a hung or dead server is not waited for while another can be asked.
+    pub(crate) fn healthiest_first(&self) -> Vec<usize> {
+        let rank = |s: &usize| {
+            let h = &self.pools[*s].health;
+            (h.avoid_for_reads(), h.is_down())
+        };
+        let mut order: Vec<usize> = (0..self.pools.len()).collect();
+        order.sort_by_key(rank);
+        order
+    }
+
     pub(crate) fn map(&self, meta: &TableMeta) -> Arc<PartitionMap> {
         self.maps
             .lock()
@@ -297,6 +328,8 @@ impl Client {
         };
         let inner = Inner {
             settings,
+            call_timeout: config.call_timeout,
+            prober: Prober::new(),
             ack: config.ack,
             spec_retries: config.spec_retries,
             topo: RwLock::new(Arc::new(Topology {
@@ -320,6 +353,11 @@ impl Client {
 
     // ------------------------------------------------------------------------------------------
     // Spec and topology
+
+    /// Marks a public call: the outermost one on this thread sets the call's deadline.
+    pub(crate) fn call(&self) -> CallScope {
+        CallScope::enter(self.inner.call_timeout)
+    }
 
     pub(crate) fn topology(&self) -> Arc<Topology> {
         self.inner.topo.read().clone()
@@ -367,9 +405,10 @@ impl Client {
     /// Fetches the spec from the servers (the first that has one answers) and adopts it if its epoch
     /// differs from this client's.
     pub fn refresh_spec(&self) -> Result<()> {
+        let _call = self.call();
         let topo = self.topology();
         let mut last = None;
-        for s in 0..topo.pools.len() {
+        for s in topo.healthiest_first() {
             match self.fetch_spec(&topo, s) {
                 Ok(Some(spec)) => {
                     if spec.epoch() != topo.epoch {
@@ -407,6 +446,7 @@ impl Client {
 
     /// Sends this client's spec to every server (SET_SPEC); how a new cluster learns its layout.
     pub fn push_spec(&self) -> Result<()> {
+        let _call = self.call();
         let topo = self.topology();
         let text = topo.spec.to_text();
         self.broadcast(
@@ -444,240 +484,7 @@ impl Client {
     }
 
     // ------------------------------------------------------------------------------------------
-    // Connections and exchanges
-
-    fn checkout(&self, pool: &Pool) -> Result<Conn> {
-        if let Some(c) = pool.take_idle() {
-            return Ok(c);
-        }
-        let mut conn = Conn::connect(&pool.addr, &self.inner.settings)?;
-        let token = self
-            .inner
-            .settings
-            .token
-            .as_deref()
-            .unwrap_or("")
-            .as_bytes();
-        let hello = Request::Hello(Hello {
-            protocol_version: PROTOCOL_VERSION,
-            token,
-            client_name: &self.inner.settings.client_name,
-        });
-        let id = conn.next_request_id();
-        let mut buf = std::mem::take(&mut conn.wbuf);
-        buf.clear();
-        hello.encode(&mut buf, id).map_err(encode_err)?;
-        let deadline = Instant::now() + self.inner.settings.timeout;
-        conn.send(&pool.addr, &buf, id, Opcode::Hello, deadline)?;
-        conn.wbuf = buf;
-        let reply = conn.recv(&pool.addr, deadline)?;
-        match Response::decode_body(Opcode::Hello, reply.body) {
-            Ok(Response::Hello(h)) => {
-                let mb = u64::from(h.max_body);
-                let _ =
-                    self.inner
-                        .max_body
-                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
-                            (cur == 0 || mb < cur).then_some(mb)
-                        });
-            }
-            Ok(Response::Error(e))
-                if matches!(e.status, Status::AuthFailed | Status::AuthRequired) =>
-            {
-                return Err(Error::Auth {
-                    server: pool.addr.clone(),
-                    message: format!("{} {}", e.status.name(), e.message),
-                })
-            }
-            Ok(other) => return Err(unexpected(&pool.addr, &other)),
-            Err(e) => {
-                return Err(Error::Protocol {
-                    server: pool.addr.clone(),
-                    message: e.to_string(),
-                })
-            }
-        }
-        Ok(conn)
-    }
-
-    fn put_back(&self, pool: &Pool, conn: Conn) {
-        pool.put_back(conn, self.inner.settings.pool_size);
-    }
-
-    /// One request to one server, its reply handed to `take`.
-    fn request(
-        &self,
-        pool: &Pool,
-        req: &Request<'_>,
-        take: impl FnOnce(Response<'_>) -> Result<()>,
-    ) -> Result<()> {
-        let mut conn = self.checkout(pool)?;
-        let id = conn.next_request_id();
-        let mut buf = std::mem::take(&mut conn.wbuf);
-        buf.clear();
-        req.encode(&mut buf, id).map_err(encode_err)?;
-        let deadline = Instant::now() + self.inner.settings.timeout;
-        let sent = conn.send(&pool.addr, &buf, id, req.opcode(), deadline);
-        conn.wbuf = buf;
-        sent.inspect_err(|e| {
-            if e.is_transport() {
-                pool.mark_down()
-            }
-        })?;
-        let out = {
-            let reply = conn.recv(&pool.addr, deadline).inspect_err(|e| {
-                if e.is_transport() {
-                    pool.mark_down()
-                }
-            })?;
-            let resp =
-                Response::decode_body(req.opcode(), reply.body).map_err(|e| Error::Protocol {
-                    server: pool.addr.clone(),
-                    message: e.to_string(),
-                })?;
-            take(resp)
-        };
-        pool.mark_up();
-        self.put_back(pool, conn);
-        out
-    }
-
-    /// Writes one frame to each server in `servers` (built by `encode(server, buf, request_id)`), then
-    /// reads every reply and hands it to `handle`. Returns the servers that failed, with why; a
-    /// `handle` error stops the exchange.
-    pub(crate) fn exchange(
-        &self,
-        topo: &Topology,
-        servers: impl Iterator<Item = usize>,
-        op: Opcode,
-        mut encode: impl FnMut(usize, &mut Vec<u8>, u64) -> Result<()>,
-        mut handle: impl FnMut(usize, Response<'_>) -> std::result::Result<Handled, OpError>,
-    ) -> std::result::Result<Vec<(usize, Error)>, OpError> {
-        let mut failed = Vec::new();
-        // Each server's wait starts when its frame is written, so a server that blocks the write
-        // (a full socket buffer) does not eat the time of the servers after it.
-        let mut inflight: Vec<(usize, Conn, Instant)> = Vec::new();
-        for s in servers {
-            let pool = &topo.pools[s];
-            let mut conn = match self.checkout(pool) {
-                Ok(c) => c,
-                Err(e) if e.is_transport() => {
-                    pool.mark_down();
-                    failed.push((s, e));
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            };
-            let id = conn.next_request_id();
-            let mut buf = std::mem::take(&mut conn.wbuf);
-            buf.clear();
-            encode(s, &mut buf, id)?;
-            let deadline = Instant::now() + self.inner.settings.timeout;
-            let sent = conn.send(&pool.addr, &buf, id, op, deadline);
-            // Keep a connection's buffer for its next frame, unless one huge batch made it huge.
-            if buf.capacity() <= 4 * CHUNK_BODY / 16 {
-                conn.wbuf = buf;
-            }
-            match sent {
-                Ok(()) => inflight.push((s, conn, deadline)),
-                Err(e) => {
-                    pool.mark_down();
-                    failed.push((s, e));
-                }
-            }
-        }
-        for (s, mut conn, deadline) in inflight {
-            let pool = &topo.pools[s];
-            let handled = match conn.recv(&pool.addr, deadline) {
-                Ok(reply) => match Response::decode_body(op, reply.body) {
-                    Ok(resp) => handle(s, resp),
-                    Err(e) => Ok(Handled::Failed(Error::Protocol {
-                        server: pool.addr.clone(),
-                        message: e.to_string(),
-                    })),
-                },
-                Err(e) => Ok(Handled::Failed(e)),
-            };
-            match handled {
-                Ok(Handled::Ok) => {
-                    pool.mark_up();
-                    self.put_back(pool, conn);
-                }
-                Ok(Handled::Failed(e)) => {
-                    if e.is_transport() {
-                        pool.mark_down();
-                    } else {
-                        self.put_back(pool, conn);
-                    }
-                    failed.push((s, e));
-                }
-                Err(e) => {
-                    self.put_back(pool, conn);
-                    return Err(e);
-                }
-            }
-        }
-        Ok(failed)
-    }
-
-    /// Sends one request to every server of the spec; every server must answer and accept.
-    fn broadcast(
-        &self,
-        topo: &Topology,
-        req: &Request<'_>,
-        table: &str,
-        version: u32,
-        mut take: impl FnMut(usize, Response<'_>) -> std::result::Result<(), OpError>,
-    ) -> Result<()> {
-        let failed = self
-            .exchange(
-                topo,
-                0..topo.pools.len(),
-                req.opcode(),
-                |_, buf, id| req.encode(buf, id).map_err(encode_err),
-                |s, resp| match resp {
-                    Response::Error(e) => Err(refusal(s, &topo.pools[s].addr, table, version, e)),
-                    other => take(s, other).map(|()| Handled::Ok),
-                },
-            )
-            .map_err(|e| match e {
-                OpError::Fatal(e) => e,
-                OpError::Stale(_, m) => Error::StaleSpec(m),
-            })?;
-        match failed.into_iter().next() {
-            Some((_, e)) => Err(e),
-            None => Ok(()),
-        }
-    }
-
-    /// Sends one request to every server and collects each answer (refusals included) by server.
-    fn ask_all<T>(
-        &self,
-        topo: &Topology,
-        req: &Request<'_>,
-        mut take: impl FnMut(usize, Response<'_>) -> Result<T>,
-    ) -> Result<Vec<Option<T>>> {
-        let mut out: Vec<Option<T>> = (0..topo.pools.len()).map(|_| None).collect();
-        let failed = self
-            .exchange(
-                topo,
-                0..topo.pools.len(),
-                req.opcode(),
-                |_, buf, id| req.encode(buf, id).map_err(encode_err),
-                |s, resp| {
-                    out[s] = Some(take(s, resp)?);
-                    Ok(Handled::Ok)
-                },
-            )
-            .map_err(|e| match e {
-                OpError::Fatal(e) => e,
-                OpError::Stale(_, m) => Error::StaleSpec(m),
-            })?;
-        match failed.into_iter().next() {
-            Some((_, e)) => Err(e),
-            None => Ok(out),
-        }
-    }
+    // Frame budget
 
     fn max_body(&self) -> usize {
         match self.inner.max_body.load(Ordering::Relaxed) {
@@ -715,12 +522,13 @@ impl Client {
 
     /// A table's shape (partitions, replication, value type), cached after the first ask.
     pub fn table_meta(&self, table: &str) -> Result<TableMeta> {
+        let _call = self.call();
         if let Some(m) = self.inner.tables.read().get(table) {
             return Ok(*m);
         }
         let topo = self.topology();
         let mut last = None;
-        for s in 0..topo.pools.len() {
+        for s in topo.healthiest_first() {
             let mut meta = None;
             let r = self.request(
                 &topo.pools[s],
@@ -762,6 +570,7 @@ impl Client {
         replication: u32,
         value_type: ValueType,
     ) -> Result<()> {
+        let _call = self.call();
         if partitions == 0 || replication == 0 {
             return Err(Error::InvalidArgument(
                 "partitions and replication must be at least 1".into(),
@@ -810,6 +619,7 @@ impl Client {
 
     /// Drops a table (every version) on every server. Fails only if no server had it.
     pub fn drop_table(&self, name: &str) -> Result<()> {
+        let _call = self.call();
         let topo = self.topology();
         let mut dropped = false;
         self.ask_all(&topo, &Request::DropTable { name }, |s, resp| match resp {
@@ -828,51 +638,58 @@ impl Client {
         Ok(())
     }
 
-    /// Every table any server holds, aggregated like [`Client::describe_table`], by name.
+    /// Every table any server holds, aggregated like [`Client::describe_table`], by name. Like it,
+    /// answers from the servers that are up.
     pub fn list_tables(&self) -> Result<Vec<TableDescription>> {
+        let _call = self.call();
         let topo = self.topology();
-        let answers = self.ask_all(&topo, &Request::ListTables, |s, resp| match resp {
-            Response::Tables(ts) => Ok(ts),
-            Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, "", 0, e)),
-            other => Err(unexpected(&topo.pools[s].addr, &other)),
-        })?;
+        let (answers, unreachable) =
+            self.ask_live(&topo, &Request::ListTables, |s, resp| match resp {
+                Response::Tables(ts) => Ok(ts),
+                Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, "", 0, e)),
+                other => Err(unexpected(&topo.pools[s].addr, &other)),
+            })?;
         let mut by_name: std::collections::BTreeMap<String, Vec<TableInfo>> = Default::default();
         for t in answers.into_iter().flatten().flatten() {
             by_name.entry(t.name.clone()).or_default().push(t);
         }
         Ok(by_name
             .into_values()
-            .map(|infos| aggregate(&topo, &infos))
+            .map(|infos| aggregate(&topo, &infos, unreachable.clone()))
             .collect())
     }
 
     /// A table over the whole cluster: versions merged, items and bytes summed over servers and
-    /// divided by the effective replication.
+    /// divided by the effective replication. A metadata read: servers that are down or fail are
+    /// left out (named in [`TableDescription::unreachable`]); it fails only if none answers.
     pub fn describe_table(&self, name: &str) -> Result<TableDescription> {
+        let _call = self.call();
         let topo = self.topology();
-        let infos = self.describe_all(&topo, name)?;
+        let (answers, unreachable) = self.ask_live(
+            &topo,
+            &Request::DescribeTable { name },
+            describe_answer(&topo, name),
+        )?;
+        let infos: Vec<TableInfo> = answers.into_iter().flatten().flatten().collect();
         if infos.is_empty() {
             return Err(Error::TableNotFound(name.to_string()));
         }
-        Ok(aggregate(&topo, &infos))
+        Ok(aggregate(&topo, &infos, unreachable))
     }
 
-    /// DESCRIBE_TABLE on every server; the servers that do not have the table are left out.
+    /// DESCRIBE_TABLE on every server, each of which must answer (for admin calls that need them
+    /// all); the servers that do not have the table are left out.
     fn describe_all(&self, topo: &Topology, name: &str) -> Result<Vec<TableInfo>> {
         let answers = self.ask_all(
             topo,
             &Request::DescribeTable { name },
-            |s, resp| match resp {
-                Response::Table(t) => Ok(Some(t)),
-                Response::Error(e) if e.status == Status::NoSuchTable => Ok(None),
-                Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, name, 0, e)),
-                other => Err(unexpected(&topo.pools[s].addr, &other)),
-            },
+            describe_answer(topo, name),
         )?;
         Ok(answers.into_iter().flatten().flatten().collect())
     }
 
-    /// The newest current version over the servers.
+    /// The newest current version over the servers that answer (see [`Client::describe_table`]: a
+    /// version becomes current only on every server at once, so those that answer agree).
     pub fn current_version(&self, table: &str) -> Result<u32> {
         Ok(self.describe_table(table)?.current_version)
     }
@@ -881,6 +698,7 @@ impl Client {
     /// than the highest any server holds. If another client takes the number first, the versions this
     /// call created are dropped and the next number is tried.
     pub fn create_version(&self, table: &str) -> Result<u32> {
+        let _call = self.call();
         let topo = self.topology();
         for _ in 0..CREATE_VERSION_TRIES {
             let infos = self.describe_all(&topo, table)?;
@@ -935,6 +753,7 @@ impl Client {
 
     /// Seals a version on every server (idempotent).
     pub fn seal_version(&self, table: &str, version: u32) -> Result<()> {
+        let _call = self.call();
         let topo = self.topology();
         let req = Request::SealVersion(VersionRef { table, version });
         self.ask_all(&topo, &req, |s, resp| match resp {
@@ -954,6 +773,7 @@ impl Client {
     /// Makes a version current on every server. Refused, with nothing switched, unless every server
     /// holds it sealed.
     pub fn set_current(&self, table: &str, version: u32) -> Result<()> {
+        let _call = self.call();
         let topo = self.topology();
         let infos = self.describe_all(&topo, table)?;
         if infos.len() < topo.pools.len() {
@@ -985,6 +805,7 @@ impl Client {
 
     /// Drops a version on every server. Fails only if no server had it.
     pub fn drop_version(&self, table: &str, version: u32) -> Result<()> {
+        let _call = self.call();
         let topo = self.topology();
         let req = Request::DropVersion(VersionRef { table, version });
         let mut dropped = false;
@@ -1058,19 +879,21 @@ impl Client {
     /// Each server's memcached-protocol `stats` (name, value pairs), in spec order; `Err` entries for
     /// servers that did not answer.
     pub fn server_stats(&self) -> Vec<(String, Result<ServerStats>)> {
+        let _call = self.call();
         let topo = self.topology();
+        let settings = &self.inner.settings;
         topo.spec
             .servers()
             .iter()
             .map(|addr| {
-                (
-                    addr.clone(),
-                    crate::stats::fetch(
-                        addr,
-                        self.inner.settings.connect_timeout,
-                        self.inner.settings.timeout,
-                    ),
-                )
+                let left =
+                    deadline::after(settings.timeout).saturating_duration_since(Instant::now());
+                let stats = if left.is_zero() {
+                    Err(deadline::timeout_error(addr))
+                } else {
+                    crate::stats::fetch(addr, settings.connect_timeout.min(left), left)
+                };
+                (addr.clone(), stats)
             })
             .collect()
     }
@@ -1094,6 +917,19 @@ pub(crate) fn unexpected(addr: &str, resp: &Response<'_>) -> Error {
     }
 }
 
+/// Takes one server's DESCRIBE_TABLE answer: `None` when it does not have the table.
+fn describe_answer<'t>(
+    topo: &'t Topology,
+    name: &'t str,
+) -> impl FnMut(usize, Response<'_>) -> Result<Option<TableInfo>> + 't {
+    move |s, resp| match resp {
+        Response::Table(t) => Ok(Some(t)),
+        Response::Error(e) if e.status == Status::NoSuchTable => Ok(None),
+        Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, name, 0, e)),
+        other => Err(unexpected(&topo.pools[s].addr, &other)),
+    }
+}
+
 fn refusal_err(addr: &str, table: &str, version: u32, e: ErrorReply) -> Error {
     match refusal(0, addr, table, version, e) {
         OpError::Fatal(e) => e,
@@ -1102,7 +938,7 @@ fn refusal_err(addr: &str, table: &str, version: u32, e: ErrorReply) -> Error {
 }
 
 /// Merges one table's descriptions from several servers.
-fn aggregate(topo: &Topology, infos: &[TableInfo]) -> TableDescription {
+fn aggregate(topo: &Topology, infos: &[TableInfo], unreachable: Vec<String>) -> TableDescription {
     let first = &infos[0];
     let r = u64::from(first.replication.clamp(1, (topo.pools.len() as u32).max(1)));
     let mut versions: std::collections::BTreeMap<u32, VersionSummary> = Default::default();
@@ -1130,6 +966,7 @@ fn aggregate(topo: &Topology, infos: &[TableInfo]) -> TableDescription {
         value_type: first.value_type,
         current_version: infos.iter().map(|t| t.current_version).max().unwrap_or(0),
         versions: versions.into_values().collect(),
+        unreachable,
     }
 }
 
@@ -1184,6 +1021,7 @@ mod tests {
         let d = aggregate(
             &topo,
             &[info(1, true, 4), info(2, false, 6), info(1, true, 10)],
+            Vec::new(),
         );
         assert_eq!(d.current_version, 2);
         assert_eq!(

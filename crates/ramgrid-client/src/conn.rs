@@ -3,17 +3,23 @@
 //! Each connection carries one request at a time: the fan-out writes a frame on one connection per
 //! server, then reads each reply, so the servers work at the same time without any thread per server.
 //! A connection that saw any error (I/O, timeout, a reply it could not parse) is dropped, never pooled:
-//! it may hold half a reply, and the next request would read garbage.
+//! it may hold half a reply, and the next request would read garbage. A pooled connection is checked
+//! before reuse ([`Conn::is_alive`]): one the server closed while it sat idle (a restart) is dropped
+//! before a request is written on it.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use ramgrid_proto::native::{parse_frame, FrameError, Opcode};
+use ramgrid_proto::native::{
+    parse_frame, FrameError, Hello, Opcode, Request, Response, Status, PROTOCOL_VERSION,
+};
 
+use crate::deadline;
 use crate::error::{Error, Result};
+use crate::health::Health;
 
 /// Largest reply body the client accepts (a GET of many large values); a longer header means the
 /// stream is out of sync.
@@ -26,9 +32,8 @@ const LATE_READ: Duration = Duration::from_millis(1);
 /// each side, and on a virtual machine an idle vCPU that halts needs an interrupt to wake, which
 /// costs more than the wait itself. Bounded, so an idle or slow server costs at most this much CPU.
 const SPIN: Duration = Duration::from_micros(50);
-
-/// How long a server that failed is tried last (after its partitions' other replicas).
-const DOWN_FOR: Duration = Duration::from_secs(2);
+/// Longest text line read from a server that answers a native frame with text (its refusal).
+const MAX_REFUSAL_LINE: usize = 512;
 
 /// Connection settings shared by every pool of a client.
 #[derive(Debug, Clone)]
@@ -51,6 +56,10 @@ pub(crate) struct Conn {
     next_id: u64,
     last_id: u64,
     last_op: Opcode,
+    /// A request was sent and its reply not yet read whole: the connection cannot carry another.
+    awaiting: bool,
+    /// Taken from the pool (it carried an earlier exchange), as opposed to opened for this request.
+    pub(crate) reused: bool,
 }
 
 /// One reply frame, borrowed from its connection's read buffer until the next request.
@@ -60,9 +69,7 @@ pub(crate) struct Reply<'c> {
 
 fn io_err(server: &str, e: io::Error) -> Error {
     match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Timeout {
-            server: server.to_string(),
-        },
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => deadline::timeout_error(server),
         _ => Error::Io {
             server: server.to_string(),
             source: e,
@@ -71,8 +78,68 @@ fn io_err(server: &str, e: io::Error) -> Error {
 }
 
 impl Conn {
-    /// Connects (bounded by the connect timeout) and sets up the socket. HELLO is the caller's.
-    pub(crate) fn connect(server: &str, settings: &ConnSettings) -> Result<Conn> {
+    /// Connects and says HELLO, bounded by `connect_timeout` for the connection and `timeout` for
+    /// the greeting (both capped by the call's deadline). Returns the connection and the server's
+    /// largest accepted frame body.
+    pub(crate) fn open(
+        server: &str,
+        settings: &ConnSettings,
+        connect_timeout: Duration,
+        timeout: Duration,
+    ) -> Result<(Conn, u32)> {
+        let deadline = deadline::after(timeout);
+        let connect_timeout =
+            connect_timeout.min(deadline.saturating_duration_since(Instant::now()));
+        if connect_timeout.is_zero() {
+            return Err(deadline::timeout_error(server));
+        }
+        let mut conn = Conn::connect(server, connect_timeout)?;
+        let token = settings.token.as_deref().unwrap_or("").as_bytes();
+        let hello = Request::Hello(Hello {
+            protocol_version: PROTOCOL_VERSION,
+            token,
+            client_name: &settings.client_name,
+        });
+        let id = conn.next_request_id();
+        let mut buf = std::mem::take(&mut conn.wbuf);
+        buf.clear();
+        hello
+            .encode(&mut buf, id)
+            .map_err(|e| Error::InvalidArgument(format!("cannot encode HELLO: {e}")))?;
+        conn.send(server, &buf, id, Opcode::Hello, deadline)?;
+        conn.wbuf = buf;
+        let reply = conn.recv(server, deadline)?;
+        let max_body = match Response::decode_body(Opcode::Hello, reply.body) {
+            Ok(Response::Hello(h)) => h.max_body,
+            Ok(Response::Error(e))
+                if matches!(e.status, Status::AuthFailed | Status::AuthRequired) =>
+            {
+                return Err(Error::Auth {
+                    server: server.to_string(),
+                    message: format!("{} {}", e.status.name(), e.message),
+                })
+            }
+            Ok(other) => {
+                return Err(Error::Protocol {
+                    server: server.to_string(),
+                    message: format!(
+                        "unexpected reply to HELLO: {}",
+                        format!("{other:?}").chars().take(80).collect::<String>()
+                    ),
+                })
+            }
+            Err(e) => {
+                return Err(Error::Protocol {
+                    server: server.to_string(),
+                    message: e.to_string(),
+                })
+            }
+        };
+        Ok((conn, max_body))
+    }
+
+    /// Connects (bounded by `connect_timeout`) and sets up the socket.
+    fn connect(server: &str, connect_timeout: Duration) -> Result<Conn> {
         let addrs: Vec<SocketAddr> = server
             .to_socket_addrs()
             .map_err(|e| Error::Connect {
@@ -82,7 +149,7 @@ impl Conn {
             .collect();
         let mut last = io::Error::new(io::ErrorKind::NotFound, "address resolved to nothing");
         for addr in addrs {
-            match TcpStream::connect_timeout(&addr, settings.connect_timeout) {
+            match TcpStream::connect_timeout(&addr, connect_timeout) {
                 Ok(stream) => {
                     // Frames are written whole; Nagle would only delay the last segment of each.
                     stream.set_nodelay(true).map_err(|e| Error::Connect {
@@ -97,6 +164,8 @@ impl Conn {
                         next_id: 1,
                         last_id: 0,
                         last_op: Opcode::Ping,
+                        awaiting: false,
+                        reused: false,
                     });
                 }
                 Err(e) => last = e,
@@ -124,13 +193,16 @@ impl Conn {
         op: Opcode,
         deadline: Instant,
     ) -> Result<()> {
+        // Drop the previous reply's bytes (only one request is ever in flight, so all of them): from
+        // here on, bytes in `rbuf` are this request's reply.
+        self.rbuf.drain(..self.consumed);
+        self.consumed = 0;
         self.last_id = id;
         self.last_op = op;
+        self.awaiting = true;
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Error::Timeout {
-                server: server.to_string(),
-            });
+            return Err(deadline::timeout_error(server));
         }
         self.stream
             .set_write_timeout(Some(left))
@@ -140,7 +212,7 @@ impl Conn {
 
     /// Reads the reply to the last request sent, waiting at most until `deadline`.
     pub(crate) fn recv(&mut self, server: &str, deadline: Instant) -> Result<Reply<'_>> {
-        // Drop the previous reply's bytes (only one request is ever in flight, so normally all of them).
+        // Normally a no-op: `send` already dropped the previous reply.
         if self.consumed > 0 {
             self.rbuf.drain(..self.consumed);
             self.consumed = 0;
@@ -164,12 +236,16 @@ impl Conn {
                         });
                     }
                     self.consumed = used;
+                    self.awaiting = false;
                     let body = &self.rbuf[used - frame.body.len()..used];
                     return Ok(Reply { body });
                 }
                 Err(FrameError::Incomplete { needed }) => {
                     let want = needed.max(self.rbuf.len() + 1);
                     self.fill(server, want, deadline)?;
+                }
+                Err(FrameError::BadMagic(_)) if self.rbuf[0].is_ascii_graphic() => {
+                    return Err(self.refusal(server, deadline))
                 }
                 Err(e) => {
                     return Err(Error::Protocol {
@@ -179,6 +255,94 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// The server answered with text where a frame should be: a memcached-style line saying why it
+    /// turns the connection away (`SERVER_ERROR too many open connections`), then it closes. Reads
+    /// the rest of the line (what is there by the deadline) and names it.
+    fn refusal(&mut self, server: &str, deadline: Instant) -> Error {
+        while !self.rbuf.contains(&b'\n') && self.rbuf.len() < MAX_REFUSAL_LINE {
+            if self.fill(server, self.rbuf.len() + 1, deadline).is_err() {
+                break; // closed after its line, or silent: what arrived is the message
+            }
+        }
+        let end = self
+            .rbuf
+            .iter()
+            .position(|&b| b == b'\r' || b == b'\n')
+            .unwrap_or(self.rbuf.len())
+            .min(MAX_REFUSAL_LINE);
+        let line = String::from_utf8_lossy(&self.rbuf[..end]).into_owned();
+        Error::Refused {
+            server: server.to_string(),
+            message: line,
+        }
+    }
+
+    /// Reads whatever has arrived, without blocking. `Ok(true)` once a whole reply frame (or bytes
+    /// that can never become one, which [`Conn::recv`] then reports) is buffered; an error when the
+    /// server closed the connection or it broke.
+    pub(crate) fn try_fill(&mut self, server: &str) -> Result<bool> {
+        loop {
+            let want = match parse_frame(&self.rbuf[self.consumed..], MAX_REPLY_BODY) {
+                Err(FrameError::Incomplete { needed }) => self.consumed + needed,
+                _ => return Ok(true),
+            };
+            let len = self.rbuf.len();
+            let room = want.saturating_sub(len).max(READ_CHUNK);
+            self.rbuf.resize(len + room, 0);
+            // SAFETY: `rbuf[len..]` is valid for writes of `room` bytes for the whole call, and the
+            // fd belongs to `stream`, which outlives it.
+            let n = unsafe {
+                libc::recv(
+                    self.stream.as_raw_fd(),
+                    self.rbuf[len..].as_mut_ptr().cast(),
+                    room,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n > 0 {
+                self.rbuf.truncate(len + n as usize);
+                continue;
+            }
+            self.rbuf.truncate(len);
+            if n == 0 {
+                return Err(closed(server));
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::WouldBlock => return Ok(false),
+                io::ErrorKind::Interrupted => {}
+                _ => return Err(io_err(server, e)),
+            }
+        }
+    }
+
+    /// Whether any byte of the reply to the last request has arrived.
+    pub(crate) fn reply_started(&self) -> bool {
+        self.rbuf.len() > self.consumed
+    }
+
+    /// The socket, to wait on several connections at once.
+    pub(crate) fn fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+
+    /// Whether a pooled connection can still be used: the server has not closed it (a restart, or it
+    /// dropped an idle client) and sent nothing unasked. Checked without blocking.
+    pub(crate) fn is_alive(&self) -> bool {
+        let mut byte = 0u8;
+        // SAFETY: one byte of valid memory; the fd belongs to `stream`.
+        let n = unsafe {
+            libc::recv(
+                self.stream.as_raw_fd(),
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        // -1 with EAGAIN: nothing to read, open. 0: closed. Bytes: out of step. Other errors: broken.
+        n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock
     }
 
     /// Reads until `rbuf` holds at least `want` bytes.
@@ -206,13 +370,7 @@ impl Conn {
             match r {
                 Ok(0) => {
                     self.rbuf.truncate(len);
-                    return Err(Error::Io {
-                        server: server.to_string(),
-                        source: io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "server closed the connection",
-                        ),
-                    });
+                    return Err(closed(server));
                 }
                 Ok(n) => self.rbuf.truncate(len + n),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => self.rbuf.truncate(len),
@@ -228,17 +386,22 @@ impl Conn {
     /// Whether the connection can carry another request: the last reply was read whole and nothing
     /// else arrived after it.
     pub(crate) fn is_clean(&self) -> bool {
-        self.rbuf.len() == self.consumed
+        !self.awaiting && self.rbuf.len() == self.consumed
     }
 }
 
-/// Idle connections to one server, and when it last failed.
+fn closed(server: &str) -> Error {
+    Error::Io {
+        server: server.to_string(),
+        source: io::Error::new(io::ErrorKind::UnexpectedEof, "server closed the connection"),
+    }
+}
+
+/// Idle connections to one server, and its health (down or up, latency).
 pub(crate) struct Pool {
     pub(crate) addr: String,
     idle: Mutex<Vec<Conn>>,
-    /// Milliseconds since `epoch` until which the server counts as down; 0 = up.
-    down_until_ms: AtomicU64,
-    origin: Instant,
+    pub(crate) health: Health,
 }
 
 impl Pool {
@@ -246,14 +409,19 @@ impl Pool {
         Pool {
             addr,
             idle: Mutex::new(Vec::new()),
-            down_until_ms: AtomicU64::new(0),
-            origin: Instant::now(),
+            health: Health::new(),
         }
     }
 
-    /// An idle connection, if one is pooled.
+    /// An idle connection, if one is pooled and still open (closed ones are dropped on the way).
     pub(crate) fn take_idle(&self) -> Option<Conn> {
-        self.idle.lock().pop()
+        loop {
+            let mut conn = self.idle.lock().pop()?;
+            if conn.is_alive() {
+                conn.reused = true;
+                return Some(conn);
+            }
+        }
     }
 
     /// Returns a connection after a complete exchange; dropped if the pool is full or it is not clean.
@@ -272,23 +440,9 @@ impl Pool {
         self.idle.lock().clear();
     }
 
-    pub(crate) fn mark_down(&self) {
-        let until = self.origin.elapsed() + DOWN_FOR;
-        self.down_until_ms
-            .store(until.as_millis() as u64, Ordering::Relaxed);
-        self.clear();
-    }
-
-    pub(crate) fn mark_up(&self) {
-        if self.down_until_ms.load(Ordering::Relaxed) != 0 {
-            self.down_until_ms.store(0, Ordering::Relaxed);
-        }
-    }
-
-    /// Whether the server failed recently (it is then tried after the other replicas).
+    /// Whether the server is down (a request failed, and no probe has succeeded since).
     pub(crate) fn is_down(&self) -> bool {
-        let until = self.down_until_ms.load(Ordering::Relaxed);
-        until != 0 && (self.origin.elapsed().as_millis() as u64) < until
+        self.health.is_down()
     }
 }
 

@@ -2,6 +2,7 @@
 //! the results; `Err` means the call as a whole could not be carried out as asked.
 
 use std::fmt;
+use std::time::Duration;
 
 /// Why a client call failed.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +35,25 @@ pub enum Error {
     Timeout {
         /// `host:port` of the server.
         server: String,
+    },
+    /// The call as a whole ran past [`crate::ClientConfig::call_timeout`]; what it was waiting for
+    /// then is named. Not a verdict on that server (it is not marked down for it).
+    #[error("call timed out after {limit:?} (the client's call timeout), waiting for {server}")]
+    CallTimeout {
+        /// `host:port` of the server waited for when time ran out (empty between requests).
+        server: String,
+        /// The call timeout.
+        limit: Duration,
+    },
+    /// The server turned the connection away before any exchange: it answered with a line of text
+    /// instead of a native frame (a server at its `--max-conns` says
+    /// `SERVER_ERROR too many open connections`, as memcached does) and closed.
+    #[error("{server} refused the connection: {message}")]
+    Refused {
+        /// `host:port` of the server.
+        server: String,
+        /// The server's line, e.g. `SERVER_ERROR too many open connections`.
+        message: String,
     },
     /// A connection broke while a request was in flight.
     #[error("connection to {server} failed: {source}")]
@@ -154,8 +174,10 @@ pub enum ErrorKind {
     InvalidArgument,
     /// [`Error::Connect`] and [`Error::Io`].
     ConnectionFailed,
-    /// [`Error::Timeout`].
+    /// [`Error::Timeout`] and [`Error::CallTimeout`].
     Timeout,
+    /// [`Error::Refused`].
+    Refused,
     /// [`Error::Auth`].
     Auth,
     /// [`Error::Protocol`].
@@ -188,7 +210,8 @@ impl Error {
         match self {
             Error::InvalidArgument(_) | Error::TooLarge { .. } => ErrorKind::InvalidArgument,
             Error::Connect { .. } | Error::Io { .. } => ErrorKind::ConnectionFailed,
-            Error::Timeout { .. } => ErrorKind::Timeout,
+            Error::Timeout { .. } | Error::CallTimeout { .. } => ErrorKind::Timeout,
+            Error::Refused { .. } => ErrorKind::Refused,
             Error::Auth { .. } => ErrorKind::Auth,
             Error::Protocol { .. } => ErrorKind::Protocol,
             Error::TableNotFound(_) => ErrorKind::TableNotFound,
@@ -205,7 +228,8 @@ impl Error {
     }
 
     /// Whether the failure is the server's or the network's (another replica may succeed), as opposed
-    /// to an answer about the data or the request itself.
+    /// to an answer about the data or the request itself. A refused connection is the server's (it
+    /// is full); the call timeout is not (the call ran out of time, whoever it was waiting for).
     pub(crate) fn is_transport(&self) -> bool {
         matches!(
             self,
@@ -213,6 +237,7 @@ impl Error {
                 | Error::Io { .. }
                 | Error::Timeout { .. }
                 | Error::Protocol { .. }
+                | Error::Refused { .. }
         )
     }
 }

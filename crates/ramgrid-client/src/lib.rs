@@ -18,7 +18,11 @@
 
 mod client;
 mod conn;
+mod deadline;
 pub mod error;
+mod exchange;
+mod health;
+mod hedge;
 pub mod keys;
 pub mod near;
 pub mod plan;

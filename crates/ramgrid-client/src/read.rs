@@ -11,6 +11,7 @@ use crate::client::{
     encode_err, refusal, unexpected, Client, GetResult, Handled, OpError, Topology,
 };
 use crate::error::{Error, Result};
+use crate::hedge::ReadIo;
 use crate::keys::Keys;
 use crate::plan::Groups;
 use crate::values::{Values, ValuesMut};
@@ -18,6 +19,7 @@ use crate::values::{Values, ValuesMut};
 impl Client {
     /// Reads `keys` from `table` at `version` (0 = current) into a new output.
     pub fn get(&self, table: &str, keys: Keys<'_>, version: u32) -> Result<GetResult> {
+        let _call = self.call();
         let meta = self.table_meta(table)?;
         let n = keys.len();
         let mut values = Values::zeroed(meta.value_type, n);
@@ -50,6 +52,7 @@ impl Client {
         out: &mut ValuesMut<'_>,
         found: &mut [bool],
     ) -> Result<u32> {
+        let _call = self.call();
         keys.validate()?;
         let n = keys.len();
         if out.len() != n || found.len() != n {
@@ -265,7 +268,9 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
         Ok(newest)
     }
 
-    /// Reads partitions `todo` at `version`, failing over replica by replica.
+    /// Reads partitions `todo` at `version`: hedged rounds (`hedge.rs`), each partition first to its
+    /// first replica that is up; partitions that no server of a round answered go to the replicas
+    /// left, down ones last.
     fn read(
         &mut self,
         version: u32,
@@ -284,7 +289,9 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
                 let reps = self.map.replicas(p);
                 let pick = reps
                     .iter()
-                    .find(|&&s| !failed[s as usize] && !topo.pools[s as usize].is_down())
+                    .find(|&&s| {
+                        !failed[s as usize] && !topo.pools[s as usize].health.avoid_for_reads()
+                    })
                     .or_else(|| reps.iter().find(|&&s| !failed[s as usize]));
                 match pick {
                     Some(&s) => assign[p as usize] = s as usize,
@@ -299,62 +306,52 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
             });
             let (by_part, idx, keys, map) = (&self.by_part, self.idx, self.keys, self.map);
             let resolved = &mut self.resolved;
-            let failures = client.exchange(
-                topo,
-                per_server.busy(),
-                Opcode::Get,
-                |s, buf, id| {
-                    let mut w =
-                        KeyBatchWriter::begin(buf, Opcode::Get, id, table, version, map.epoch())
-                            .map_err(encode_err)?;
-                    for &p in per_server.row(s) {
-                        let ks = by_part
-                            .row(p as usize)
-                            .iter()
-                            .map(|&j| keys.key(idx[j as usize] as usize));
-                        w.group(p, ks).map_err(encode_err)?;
-                    }
-                    w.finish().map_err(encode_err)
-                },
-                |s, resp| {
-                    let addr = &topo.pools[s].addr;
-                    match resp {
-                        Response::Get(g) => {
-                            let h = scatter_reply(
-                                &g,
-                                vt,
-                                addr,
-                                per_server.row(s),
-                                by_part,
-                                idx,
-                                out,
-                                found,
-                            )?;
-                            if matches!(h, Handled::Ok) {
-                                for &p in per_server.row(s) {
+            let mut encode = |_s: usize, parts: &[u32], buf: &mut Vec<u8>, id: u64| {
+                let mut w =
+                    KeyBatchWriter::begin(buf, Opcode::Get, id, table, version, map.epoch())
+                        .map_err(encode_err)?;
+                for &p in parts {
+                    let ks = by_part
+                        .row(p as usize)
+                        .iter()
+                        .map(|&j| keys.key(idx[j as usize] as usize));
+                    w.group(p, ks).map_err(encode_err)?;
+                }
+                w.finish().map_err(encode_err)
+            };
+            let mut take = |s: usize, parts: &[u32], done: &[bool], resp: Response<'_>| {
+                let addr = &topo.pools[s].addr;
+                match resp {
+                    Response::Get(g) => {
+                        let h = scatter_reply(&g, vt, addr, parts, done, by_part, idx, out, found)?;
+                        if matches!(h, Handled::Ok) {
+                            for &p in parts {
+                                if !done[p as usize] {
                                     resolved[p as usize] = g.version;
                                 }
                             }
-                            Ok(h)
                         }
-                        Response::Error(e) if e.status == Status::Internal => {
-                            Ok(Handled::Failed(Error::Server {
-                                server: addr.clone(),
-                                status: "INTERNAL",
-                                message: e.message,
-                            }))
-                        }
-                        Response::Error(e) => Err(refusal(s, addr, table, version, e)),
-                        other => Ok(Handled::Failed(unexpected(addr, &other))),
+                        Ok(h)
                     }
-                },
-            )?;
-            todo.clear();
-            for (s, e) in failures {
-                failed[s] = true;
-                why.push(e.to_string());
-                todo.extend_from_slice(per_server.row(s));
-            }
+                    Response::Error(e) if e.status == Status::Internal => {
+                        Ok(Handled::Failed(Error::Server {
+                            server: addr.clone(),
+                            status: "INTERNAL",
+                            message: e.message,
+                        }))
+                    }
+                    Response::Error(e) => Err(refusal(s, addr, table, version, e)),
+                    other => Ok(Handled::Failed(unexpected(addr, &other))),
+                }
+            };
+            let io = ReadIo {
+                keys_in: &|p| by_part.row(p as usize).len(),
+                encode: &mut encode,
+                take: &mut take,
+            };
+            let end = client.hedged_get(topo, map, &per_server, &mut failed, io)?;
+            why.extend(end.why);
+            todo = end.undone;
         }
         if unavailable.is_empty() {
             return Ok(());
@@ -369,7 +366,9 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
 }
 
 /// Scatters one server's GET reply into the caller's output. The reply answers the keys of the
-/// server's partitions `row` in order, each partition's keys in `by_part` order.
+/// server's partitions `row` in order, each partition's keys in `by_part` order. Partitions marked
+/// in `skip` (answered by another reply already) are left alone: a partition's values all come from
+/// one reply.
 #[expect(
     clippy::too_many_arguments,
     reason = "the reply, its layout and the outputs, kept apart for unit tests"
@@ -379,6 +378,7 @@ fn scatter_reply(
     vt: ValueType,
     addr: &str,
     row: &[u32],
+    skip: &[bool],
     by_part: &Groups,
     idx: &[u32],
     out: &mut ValuesMut<'_>,
@@ -397,6 +397,12 @@ fn scatter_reply(
     }
     let mut it = g.iter();
     for &p in row {
+        if skip[p as usize] {
+            for _ in by_part.row(p as usize) {
+                it.next();
+            }
+            continue;
+        }
         for &j in by_part.row(p as usize) {
             let i = idx[j as usize] as usize;
             // A key over the server's limit cannot have been stored: a miss like any other.
@@ -460,6 +466,7 @@ mod tests {
             ValueType::F64,
             "s",
             &row,
+            &[false; 3],
             &by_part,
             &idx,
             &mut ValuesMut::F64(&mut out),
@@ -489,6 +496,7 @@ mod tests {
             ValueType::Bytes,
             "s",
             &[0],
+            &[false],
             &by_part,
             &[0, 1],
             &mut out,
@@ -500,6 +508,7 @@ mod tests {
             ValueType::I64,
             "s",
             &[0],
+            &[false],
             &by_part,
             &[0],
             &mut out,

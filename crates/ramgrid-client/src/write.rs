@@ -24,6 +24,7 @@ impl Client {
         values: ValuesRef<'_>,
         version: u32,
     ) -> Result<()> {
+        let _call = self.call();
         keys.validate()?;
         let meta = self.table_meta(table)?;
         values.check(meta.value_type, keys.len())?;
@@ -36,6 +37,7 @@ impl Client {
     /// Deletes `keys` from `table` at `version` on every replica. Returns how many were found and
     /// deleted (on at least one replica). Failures are reported as for [`Client::put`].
     pub fn delete(&self, table: &str, keys: Keys<'_>, version: u32) -> Result<usize> {
+        let _call = self.call();
         keys.validate()?;
         self.write(table, keys, None, version, |i| 2 + keys.key(i).len())?
             .into_result()

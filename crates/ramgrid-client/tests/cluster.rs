@@ -1,125 +1,16 @@
 //! Multi-server tests on loopback: real `ramgrid-server` processes, killed with SIGKILL where a test
 //! needs a fault. Every loop is bounded in count; nothing sleeps to wait for a state.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 use std::time::Duration;
+
+use common::{Cluster, Server};
 
 use ramgrid_client::{Ack, Client, ClientConfig, ErrorKind, Keys, ValueType, Values, ValuesRef};
 use ramgrid_proto::cluster::PartitionMap;
-
-fn server_binary() -> PathBuf {
-    static BUILD: Once = Once::new();
-    // target/debug/deps/cluster-HASH -> target/debug/ramgrid-server
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .to_path_buf();
-    let bin = dir.join("ramgrid-server");
-    BUILD.call_once(|| {
-        // Make sure the server is built and current (a no-op when it is).
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--quiet", "-p", "ramgrid-server"]);
-        if dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().expect("run cargo build -p ramgrid-server");
-        assert!(status.success(), "cargo build -p ramgrid-server failed");
-    });
-    assert!(
-        bin.exists(),
-        "{} missing: run `cargo build -p ramgrid-server`",
-        bin.display()
-    );
-    bin
-}
-
-/// A server process; killed when dropped.
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Server {
-    fn start(extra: &[&str]) -> Server {
-        let mut child = Command::new(server_binary())
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--threads",
-                "1",
-                "--memory",
-                "16MiB",
-                "--table-memory",
-                "256MiB",
-            ])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn ramgrid-server");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("read listening line");
-        let addr = line
-            .trim()
-            .strip_prefix("ramgrid-server listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
-        Server { child, addr }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill(); // SIGKILL
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-struct Cluster {
-    servers: Vec<Server>,
-}
-
-impl Cluster {
-    /// `n` servers with the spec pushed by a first client.
-    fn start(n: usize) -> Cluster {
-        Cluster::start_with(n, &[])
-    }
-
-    fn start_with(n: usize, extra: &[&str]) -> Cluster {
-        let servers: Vec<Server> = (0..n).map(|_| Server::start(extra)).collect();
-        Cluster { servers }
-    }
-
-    fn addrs(&self) -> Vec<String> {
-        self.servers.iter().map(|s| s.addr.clone()).collect()
-    }
-
-    fn config(&self) -> ClientConfig {
-        let mut c = ClientConfig::new(self.addrs());
-        c.timeout = Duration::from_secs(5);
-        c.connect_timeout = Duration::from_millis(500);
-        c
-    }
-
-    fn client(&self) -> Client {
-        let c = Client::new(self.config()).expect("client");
-        c.push_spec().expect("push spec");
-        c
-    }
-}
 
 fn f64_values(v: &Values) -> &[f64] {
     match v {
@@ -591,11 +482,9 @@ fn a_stopped_server_times_out_and_reads_fail_over() {
     c.put("t", Keys::I64(&keys), ValuesRef::F64(&vals), 0)
         .unwrap();
     // SIGSTOP: the process keeps its socket open but never answers, like a hung or very slow server.
-    let pid = cluster.servers[0].child.id() as libc::pid_t;
-    // SAFETY: plain syscalls on a child process this test owns.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let paused = cluster.servers[0].pause();
     let got = c.get("t", Keys::I64(&keys), 0);
-    unsafe { libc::kill(pid, libc::SIGCONT) };
+    drop(paused);
     let got = got.expect("reads fail over from the stopped server");
     assert!(got.found.iter().all(|&f| f));
     assert_eq!(f64_values(&got.values), &vals[..]);

@@ -31,6 +31,12 @@ create_exception!(
 );
 create_exception!(
     ramgrid._native,
+    ServerRefused,
+    ConnectionFailed,
+    "A server turned the connection away (e.g. it has too many open connections); the message says why."
+);
+create_exception!(
+    ramgrid._native,
     Timeout,
     RamgridError,
     "A request got no answer in time."
@@ -98,6 +104,7 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
     match e.kind() {
         ErrorKind::InvalidArgument => PyValueError::new_err(msg),
         ErrorKind::ConnectionFailed => ConnectionFailed::new_err(msg),
+        ErrorKind::Refused => ServerRefused::new_err(msg),
         ErrorKind::Timeout => Timeout::new_err(msg),
         ErrorKind::Auth => AuthError::new_err(msg),
         ErrorKind::Protocol => ProtocolError::new_err(msg),
@@ -281,6 +288,7 @@ fn description_dict<'py>(py: Python<'py>, d: &TableDescription) -> PyResult<Boun
         versions.append(e)?;
     }
     out.set_item("versions", versions)?;
+    out.set_item("unreachable", d.unreachable.clone())?;
     Ok(out)
 }
 
@@ -298,7 +306,7 @@ impl Client {
         reason = "mirrors the Python constructor's keyword arguments"
     )]
     #[new]
-    #[pyo3(signature = (servers, token=None, timeout_ms=5000, connect_timeout_ms=1000, ack="all", near_cache_bytes=0, pool_size=4))]
+    #[pyo3(signature = (servers, token=None, timeout_ms=5000, connect_timeout_ms=1000, ack="all", near_cache_bytes=0, pool_size=4, call_timeout_ms=30000))]
     fn new(
         py: Python<'_>,
         servers: Vec<String>,
@@ -308,10 +316,12 @@ impl Client {
         ack: &str,
         near_cache_bytes: usize,
         pool_size: usize,
+        call_timeout_ms: u64,
     ) -> PyResult<Client> {
         let mut cfg = ClientConfig::new(servers);
         cfg.token = token;
         cfg.timeout = Duration::from_millis(timeout_ms.max(1));
+        cfg.call_timeout = Duration::from_millis(call_timeout_ms.max(1));
         cfg.connect_timeout = Duration::from_millis(connect_timeout_ms.max(1));
         cfg.ack = ack.parse::<Ack>().map_err(|e| to_py(py, e))?;
         cfg.near_cache_bytes = near_cache_bytes;
@@ -824,6 +834,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(partition_of, m)?)?;
     m.add("RamgridError", py.get_type::<RamgridError>())?;
     m.add("ConnectionFailed", py.get_type::<ConnectionFailed>())?;
+    m.add("ServerRefused", py.get_type::<ServerRefused>())?;
     m.add("Timeout", py.get_type::<Timeout>())?;
     m.add("AuthError", py.get_type::<AuthError>())?;
     m.add("ProtocolError", py.get_type::<ProtocolError>())?;

@@ -13,7 +13,7 @@ pytest.importorskip(
 
 import ramgrid
 from ramgrid import _native
-from ramgrid.exceptions import PartitionsUnavailable
+from ramgrid.exceptions import ConnectionFailed, PartitionsUnavailable, ServerRefused
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -85,3 +85,37 @@ def test_unreplicated_reads_name_the_lost_partitions() -> None:
             t.lookup(dead[:10])
         with pytest.raises(PartitionsUnavailable):
             t.put_many(dead[:10], dead[:10])
+
+
+def test_describe_and_current_version_answer_after_a_kill() -> None:
+    """The issue: after any kill, describe() and current_version() raised ConnectionFailed instead of asking the live
+    servers. They answer from the servers that are up and name the one that is not."""
+    with ramgrid.local(servers=3, memory="64MiB", timeout=2.0) as g:
+        t = g.create_table("meta", partitions=12, replication=2, value_type="i64")
+        keys = np.arange(500, dtype=np.int64)
+        t.put_many(keys, keys)
+        with t.new_version() as w:
+            w.put_many(keys, keys * 2)
+        assert t.current_version() == 2
+        g.kill(1)
+        assert t.current_version() == 2
+        d = t.describe()
+        assert d["current_version"] == 2 and d["replication"] == 2
+        assert d["unreachable"] == [g.addresses[1]]
+        assert [v["version"] for v in d["versions"]] == [1, 2]
+        assert "meta" in g.tables()
+        # A process that never talked to the cluster before (fresh client, nothing known down) answers too.
+        fresh = ramgrid.connect(g.spec, timeout=2.0).table("meta")
+        assert fresh.current_version() == 2
+        assert fresh.describe()["unreachable"] == [g.addresses[1]]
+
+
+def test_a_server_at_its_connection_limit_raises_server_refused() -> None:
+    """A native client refused for too many connections gets ServerRefused (a ConnectionFailed) naming the reason,
+    not a protocol error about a bad magic byte."""
+    with ramgrid.local(servers=1, memory="64MiB", extra_args=["--max-conns", "1"]) as g:
+        g.create_table("one", partitions=4, value_type="i64")  # this handle's pooled connection is the one allowed
+        other = ramgrid.connect(g.spec, timeout=2.0)
+        with pytest.raises(ServerRefused, match="too many open connections") as e:
+            other.tables()
+        assert isinstance(e.value, ConnectionFailed)
