@@ -176,7 +176,10 @@ pub async fn serve(
                         start = 0;
                         if needed > buf.len() {
                             let deadline = Instant::now() + write_timeout;
-                            if !mem.grow_read(needed.saturating_sub(READ_CHUNK), deadline).await {
+                            if !mem
+                                .grow_read(needed.saturating_sub(READ_CHUNK), deadline)
+                                .await
+                            {
                                 return;
                             }
                             buf.resize(needed, 0);
