@@ -115,7 +115,7 @@ def native_scenarios(lines: list[str]) -> None:
         def stuck_clients() -> str:
             host, _, port = addr.rpartition(":")
             socks = []
-            body = {"table": "big", "version": 0, "epoch": 0}
+            body = {"table": "big", "version": 0, "epoch": 0, "incarnation": 0}
             for _ in range(8):
                 s = socket.create_connection((host, int(port)))
                 body["epoch"] = _hello(s)

@@ -63,8 +63,13 @@ class Client:
     def value_type(self, table: str) -> tuple[str, int]:
         """(value type name, dim): dim is 0 unless "f32vec". Cached by the client after the first call."""
     # data (version 0 = current; a non-zero version pins)
-    def get_many(self, table: str, keys: KeysLike, version: int = 0) -> tuple[Any, npt.NDArray[np.bool_]]:
-        """Returns (values, found). values: float64/int64 ndarray (0 where missing) for numeric tables,
+    def incarnation(self, table: str) -> int:
+        """The table's incarnation id as this client knows it (a table created again under its name has another)."""
+    def get_many(
+        self, table: str, keys: KeysLike, version: int = 0, incarnation: int = 0
+    ) -> tuple[Any, npt.NDArray[np.bool_]]:
+        """Returns (values, found). With `incarnation` (non-zero), refuses (TableNotFound) to read a table of that
+        name created since. values: float64/int64 ndarray (0 where missing) for numeric tables,
         float32 ndarray of shape (n, dim) for f32vec tables, list[bytes | None] for bytes tables."""
     def put_many(self, table: str, keys: KeysLike, values: Any, version: int = 0) -> None:
         """values: a numpy array (numeric/f32vec tables; converted to the table's type with numpy's same_kind casting,

@@ -257,7 +257,7 @@ def _read_table(r: _Reader) -> dict:
 
 
 def _batch_head(f: dict) -> bytes:
-    return _s16(f["table"]) + _u32(f["version"]) + _u64(f["epoch"])
+    return _s16(f["table"]) + _u32(f["version"]) + _u64(f["epoch"]) + _u64(f["incarnation"])
 
 
 def encode_request_body(opcode: str, f: dict) -> bytes:
@@ -320,7 +320,12 @@ def decode_request_body(opcode: str, body: bytes) -> dict:
     elif opcode == "SET_SPEC":
         f = {"spec_hex": r.bytes32("spec").hex()}
     elif opcode in ("GET", "DELETE", "PUT"):
-        f = {"table": r.name(), "version": r.u32("version"), "epoch": r.u64("epoch")}
+        f = {
+            "table": r.name(),
+            "version": r.u32("version"),
+            "epoch": r.u64("epoch"),
+            "incarnation": r.u64("incarnation"),
+        }
         vt = r.value_type() if opcode == "PUT" else None
         if vt is not None:
             f["value_type"] = vt

@@ -285,11 +285,15 @@ class _Reader:
     _grid: Grid
     name: str
     _read_version: int = 0
+    # The table incarnation reads are meant for (0: whichever exists); set by PinnedTable.
+    _read_incarnation: int = 0
 
     def lookup(self, keys: Any) -> tuple[Any, np.ndarray]:
         """Returns `(values, found)`: values as `get_many` would, with zeros (numeric) or None (bytes) where
         `found` is False. Never raises for a missing key."""
-        result: tuple[Any, np.ndarray] = self._client().get_many(self.name, convert_keys(keys), self._read_version)
+        result: tuple[Any, np.ndarray] = self._client().get_many(
+            self.name, convert_keys(keys), self._read_version, self._read_incarnation
+        )
         return result
 
     def get_many(self, keys: Any, default: Any = RAISE) -> Any:
@@ -300,7 +304,7 @@ class _Reader:
         is given, which then fills the missing slots (e.g. `default=np.nan`).
         """
         k = convert_keys(keys)
-        values, found = self._client().get_many(self.name, k, self._read_version)
+        values, found = self._client().get_many(self.name, k, self._read_version, self._read_incarnation)
         if found.all():
             return values
         if default is RAISE:
@@ -317,7 +321,7 @@ class _Reader:
 
     def get(self, key: Any, default: Any = RAISE) -> Any:
         """One key's value (a Python float/int, bytes, or a float32 vector); KeyError if missing and no default."""
-        values, found = self._client().get_many(self.name, [key], self._read_version)
+        values, found = self._client().get_many(self.name, [key], self._read_version, self._read_incarnation)
         if not found[0]:
             if default is RAISE:
                 raise KeysNotFound(f"key {key!r} not found in table {self.name!r}", [0], 1)
@@ -329,7 +333,7 @@ class _Reader:
         return self.get(key)
 
     def __contains__(self, key: Any) -> bool:
-        _, found = self._client().get_many(self.name, [key], self._read_version)
+        _, found = self._client().get_many(self.name, [key], self._read_version, self._read_incarnation)
         return bool(found[0])
 
     def _client(self) -> Any:
@@ -418,7 +422,7 @@ class Table(_Reader):
         v = self.current_version() if version is None else int(version)
         if v <= 0:
             raise ValueError(f"versions are numbered from 1, got {v}")
-        return PinnedTable(self._grid, self.name, v)
+        return PinnedTable(self._grid, self.name, v, self._client().incarnation(self.name))
 
     def load(self, path: Any, **options: Any) -> Any:
         """Loads a file or directory into this table as a new version (see `ramgrid.load.load_table` for the options);
@@ -441,14 +445,18 @@ class Table(_Reader):
 class PinnedTable(_Reader):
     """A read-only handle on one version of a table. Pickles with its version, so tasks of a job agree on it."""
 
-    def __init__(self, grid: Grid, name: str, version: int) -> None:
+    def __init__(self, grid: Grid, name: str, version: int, incarnation: int = 0) -> None:
         self._grid = grid
         self.name = name
         self.version = int(version)
         self._read_version = self.version
+        # The table the version belongs to: if it is dropped and created again under its name,
+        # reads are refused (TableNotFound) rather than served from the new table.
+        self.incarnation = int(incarnation)
+        self._read_incarnation = self.incarnation
 
     def __reduce__(self) -> Any:
-        return (PinnedTable, (self._grid, self.name, self.version))
+        return (PinnedTable, (self._grid, self.name, self.version, self.incarnation))
 
     def __repr__(self) -> str:
         return f"PinnedTable({self.name!r}, version={self.version}, servers={list(self._grid.servers)!r})"

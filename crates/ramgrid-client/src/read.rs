@@ -8,7 +8,7 @@ use ramgrid_proto::native::{
 };
 
 use crate::client::{
-    encode_err, refusal, unexpected, Client, GetResult, Handled, OpError, Topology,
+    encode_err, refusal, unexpected, Client, GetResult, Handled, OpError, TableMeta, Topology,
 };
 use crate::error::{Error, Result};
 use crate::hedge::ReadIo;
@@ -20,22 +20,39 @@ impl Client {
     /// Reads `keys` from `table` at `version` (0 = current) into a new output.
     pub fn get(&self, table: &str, keys: Keys<'_>, version: u32) -> Result<GetResult> {
         let _call = self.call();
-        let meta = self.table_meta(table)?;
-        let n = keys.len();
-        let mut values = Values::zeroed(meta.value_type, n);
-        let mut found = vec![false; n];
-        let version = self.get_into(
-            table,
-            keys,
-            version,
-            &mut values.slice_mut(0..n),
-            &mut found,
-        )?;
-        Ok(GetResult {
-            values,
-            found,
-            version,
-        })
+        let mut meta = self.table_meta(table)?;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let n = keys.len();
+            let mut values = Values::zeroed(meta.value_type, n);
+            let mut found = vec![false; n];
+            match self.get_into(
+                table,
+                keys,
+                version,
+                &mut values.slice_mut(0..n),
+                &mut found,
+            ) {
+                Ok(version) => {
+                    return Ok(GetResult {
+                        values,
+                        found,
+                        version,
+                    })
+                }
+                // The table was created again with another value type while we read: the
+                // output is allocated anew for it, once.
+                Err(e @ Error::Protocol { .. }) if version == 0 && tries < 3 => {
+                    let fresh = self.table_meta(table)?;
+                    if fresh.incarnation == meta.incarnation {
+                        return Err(e);
+                    }
+                    meta = fresh;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Reads `keys` from `table` at `version` (0 = current) into `out` and `found` (one entry per key;
@@ -52,6 +69,21 @@ impl Client {
         out: &mut ValuesMut<'_>,
         found: &mut [bool],
     ) -> Result<u32> {
+        self.get_into_of(table, 0, keys, version, out, found)
+    }
+
+    /// [`Client::get_into`] of one incarnation of the table (0: whichever exists): a version
+    /// pinned on a table that was dropped since and created again under its name is refused with
+    /// `TableNotFound`, never read from the new table (whose version numbers start again).
+    pub fn get_into_of(
+        &self,
+        table: &str,
+        incarnation: u64,
+        keys: Keys<'_>,
+        version: u32,
+        out: &mut ValuesMut<'_>,
+        found: &mut [bool],
+    ) -> Result<u32> {
         let _call = self.call();
         keys.validate()?;
         let n = keys.len();
@@ -63,6 +95,11 @@ impl Client {
             )));
         }
         let meta = self.table_meta(table)?;
+        if incarnation != 0 && meta.incarnation != incarnation {
+            return Err(Error::TableNotFound(format!(
+                "{table} (the version asked for belonged to a table of that name dropped since)"
+            )));
+        }
         if !out.fits(meta.value_type) {
             return Err(Error::InvalidArgument(format!(
                 "the output does not fit table {table}'s value type"
@@ -74,11 +111,14 @@ impl Client {
             .near
             .as_ref()
             .filter(|_| version != 0 && n > 0 && self.version_sealed(table, version));
+        // Near-cache entries belong to one incarnation of the table: a table created again
+        // under the name numbers its versions from 1 again.
+        let near_key = near_version(meta.incarnation, version);
         let pending: Vec<u32> = match near {
             Some(near) => (0..n as u32)
                 .filter(|&i| keys.key(i as usize).len() <= MAX_KEY_LEN)
                 .filter(|&i| {
-                    let hit = near.with(table, u64::from(version), &keys.key(i as usize), |v| {
+                    let hit = near.with(table, near_key, &keys.key(i as usize), |v| {
                         out.set(i as usize, v)
                     });
                     found[i as usize] = hit.is_some();
@@ -94,24 +134,30 @@ impl Client {
         let width = meta.value_type.width().unwrap_or(16);
         for chunk in self.chunks(&pending, |i| 2 + keys.key(i).len() + width) {
             // Later chunks pin the version the first one resolved, so they agree with it.
-            version_read = self.get_chunk(table, keys, chunk, version_read, out, found)?;
+            version_read =
+                self.get_chunk(table, incarnation, keys, chunk, version_read, out, found)?;
         }
-        if let Some(near) = near {
+        // Values read under another incarnation (the table was created again meanwhile and
+        // another call refreshed what we know of it) are not kept.
+        let same_table = self
+            .table_meta(table)
+            .is_ok_and(|m| m.incarnation == meta.incarnation);
+        if let Some(near) = near.filter(|_| same_table) {
             for &i in &pending {
                 if found[i as usize] {
                     let i = i as usize;
-                    with_wire(out, i, |v| {
-                        near.insert(table, u64::from(version), &keys.key(i), v)
-                    });
+                    with_wire(out, i, |v| near.insert(table, near_key, &keys.key(i), v));
                 }
             }
         }
         Ok(version_read)
     }
 
+    #[expect(clippy::too_many_arguments)]
     fn get_chunk(
         &self,
         table: &str,
+        incarnation: u64,
         keys: Keys<'_>,
         idx: &[u32],
         version: u32,
@@ -119,9 +165,15 @@ impl Client {
         found: &mut [bool],
     ) -> Result<u32> {
         let mut attempt = 0;
+        let mut refreshed = false;
         loop {
             let topo = self.topology();
             let meta = self.table_meta(table)?;
+            if incarnation != 0 && meta.incarnation != incarnation {
+                return Err(Error::TableNotFound(format!(
+                    "{table} (the version asked for belonged to a table of that name dropped since)"
+                )));
+            }
             if !out.fits(meta.value_type) {
                 return Err(Error::Protocol {
                     server: String::new(),
@@ -129,7 +181,7 @@ impl Client {
                 });
             }
             let map = topo.map(&meta);
-            let mut read = ReadCtx::new(self, &topo, table, meta.value_type, &map, keys, idx);
+            let mut read = ReadCtx::new(self, &topo, table, &meta, &map, keys, idx);
             let result = read.run(version, out, found);
             match result {
                 Ok(v) => return Ok(v),
@@ -152,18 +204,36 @@ impl Client {
                         out.clear(i as usize);
                     }
                     let (a, b) = idx.split_at(idx.len() / 2);
-                    let version = self.get_chunk(table, keys, a, version, out, found)?;
-                    return self.get_chunk(table, keys, b, version, out, found);
+                    let version =
+                        self.get_chunk(table, incarnation, keys, a, version, out, found)?;
+                    return self.get_chunk(table, incarnation, keys, b, version, out, found);
                 }
                 Err(OpError::Fatal(e)) => {
                     if matches!(e, Error::TableNotFound(_)) {
+                        // Dropped, or dropped and created again (a server refuses a batch that
+                        // names another incarnation). Forget what we knew of it; a read of the
+                        // current version may go on with the new table, once: a pinned version
+                        // belonged to the table that is gone.
                         self.inner.tables.write().remove(table);
+                        if version == 0 && !refreshed {
+                            refreshed = true;
+                            for &i in idx {
+                                found[i as usize] = false;
+                                out.clear(i as usize);
+                            }
+                            continue;
+                        }
                     }
                     return Err(e);
                 }
             }
         }
     }
+}
+
+/// The near cache's version key: the version number within one incarnation of the table.
+fn near_version(incarnation: u64, version: u32) -> u64 {
+    incarnation.rotate_left(32) ^ u64::from(version)
 }
 
 /// Value `i` of `out` in wire form, for the near cache.
@@ -191,6 +261,9 @@ struct ReadCtx<'a, 'k> {
     topo: &'a Topology,
     table: &'a str,
     vt: ValueType,
+    /// The table incarnation every frame names, so a server whose table of that name was
+    /// created again refuses instead of answering with another table's values.
+    incarnation: u64,
     map: &'a PartitionMap,
     keys: Keys<'k>,
     idx: &'a [u32],
@@ -205,7 +278,7 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
         client: &'a Client,
         topo: &'a Topology,
         table: &'a str,
-        vt: ValueType,
+        meta: &TableMeta,
         map: &'a PartitionMap,
         keys: Keys<'k>,
         idx: &'a [u32],
@@ -221,7 +294,8 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
             client,
             topo,
             table,
-            vt,
+            vt: meta.value_type,
+            incarnation: meta.incarnation,
             map,
             keys,
             idx,
@@ -305,11 +379,13 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
                 Some(assign[p as usize]).filter(|&s| s != usize::MAX)
             });
             let (by_part, idx, keys, map) = (&self.by_part, self.idx, self.keys, self.map);
+            let incarnation = self.incarnation;
             let resolved = &mut self.resolved;
             let mut encode = |_s: usize, parts: &[u32], buf: &mut Vec<u8>, id: u64| {
                 let mut w =
                     KeyBatchWriter::begin(buf, Opcode::Get, id, table, version, map.epoch())
                         .map_err(encode_err)?;
+                w.set_incarnation(incarnation);
                 for &p in parts {
                     let ks = by_part
                         .row(p as usize)

@@ -156,6 +156,7 @@ impl Client {
                     Some(vals) => {
                         let mut w = PutWriter::begin(buf, id, table, version, topo.epoch, vt)
                             .map_err(encode_err)?;
+                        w.set_incarnation(meta.incarnation);
                         for &p in row {
                             let js = by_part.row(p as usize);
                             let ks = js.iter().map(|&j| keys.key(idx[j as usize] as usize));
@@ -182,6 +183,7 @@ impl Client {
                             topo.epoch,
                         )
                         .map_err(encode_err)?;
+                        w.set_incarnation(meta.incarnation);
                         for &p in row {
                             let ks = by_part
                                 .row(p as usize)

@@ -192,6 +192,7 @@ fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
         Opcode::Get | Opcode::Delete => {
             let (t, v, e) = batch_head(f);
             let mut w = KeyBatchWriter::begin(&mut out, op, id, t, v, e).unwrap();
+            w.set_incarnation(u(&f["incarnation"]));
             for g in arr(&f["groups"]) {
                 w.group(u32_(&g["partition"]), keys_of(g)).unwrap();
             }
@@ -201,6 +202,7 @@ fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
             let (t, v, e) = batch_head(f);
             let vt = vt_from_json(&f["value_type"]);
             let mut w = PutWriter::begin(&mut out, id, t, v, e, vt).unwrap();
+            w.set_incarnation(u(&f["incarnation"]));
             for g in arr(&f["groups"]) {
                 let (p, keys, values) = (u32_(&g["partition"]), keys_of(g), arr(&g["values"]));
                 // Each value type goes through its own typed helper, as a client would call it.
@@ -350,7 +352,10 @@ fn request_json(req: &Request<'_>) -> Value {
             .iter()
             .map(|g| json!({"partition": g.partition, "keys_hex": g.keys.map(hex).collect::<Vec<_>>()}))
             .collect();
-        json!({"table": b.table, "version": b.version, "epoch": b.epoch, "groups": groups})
+        json!({
+            "table": b.table, "version": b.version, "epoch": b.epoch, "incarnation": b.incarnation,
+            "groups": groups,
+        })
     };
     let vr = |v: &VersionRef<'_>| json!({"table": v.table, "version": v.version});
     match req {
@@ -384,7 +389,7 @@ fn request_json(req: &Request<'_>) -> Value {
                 .collect();
             json!({
                 "table": p.table, "version": p.version, "epoch": p.epoch,
-                "value_type": vt_to_json(p.value_type), "groups": groups,
+                "incarnation": p.incarnation, "value_type": vt_to_json(p.value_type), "groups": groups,
             })
         }
     }

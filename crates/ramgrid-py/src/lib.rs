@@ -436,6 +436,13 @@ impl Client {
 
     /// The table's value type name and its dimension (0 unless f32vec), from the client's table
     /// cache: one request the first time, none after.
+    /// The incarnation id of the table of that name as this client knows it.
+    fn incarnation(&self, py: Python<'_>, table: &str) -> PyResult<u64> {
+        py.allow_threads(|| self.inner.table_meta(table))
+            .map(|m| m.incarnation)
+            .map_err(|e| to_py(py, e))
+    }
+
     fn value_type(&self, py: Python<'_>, table: &str) -> PyResult<(&'static str, u32)> {
         let meta = py
             .allow_threads(|| self.inner.table_meta(table))
@@ -453,39 +460,62 @@ impl Client {
     }
 
     /// Returns (values, found); see the .pyi for the shapes.
-    #[pyo3(signature = (table, keys, version=0))]
+    #[pyo3(signature = (table, keys, version=0, incarnation=0))]
     fn get_many<'py>(
         &self,
         py: Python<'py>,
         table: &str,
         keys: &Bound<'py, PyAny>,
         version: u32,
+        incarnation: u64,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
         let holder = KeyHolder::new(keys)?;
         let slices = holder.slices()?;
         let keys = holder.keys(&slices);
         let n = keys.len();
-        let meta = py
-            .allow_threads(|| self.inner.table_meta(table))
-            .map_err(|e| to_py(py, e))?;
-        let mut values = Values::zeroed(meta.value_type, n);
-        let mut found = vec![false; n];
-        let mut pinned = version;
-        {
-            let (values, found, client) = (&mut values, &mut found, &self.inner);
+        let meta_of = |py: Python<'_>| {
+            py.allow_threads(|| self.inner.table_meta(table))
+                .map_err(|e| to_py(py, e))
+        };
+        let mut meta = meta_of(py)?;
+        let mut tries = 0;
+        let (values, found) = loop {
+            tries += 1;
+            let mut values = Values::zeroed(meta.value_type, n);
+            let mut found = vec![false; n];
+            let mut pinned = version;
+            let (v, f, client) = (&mut values, &mut found, &self.inner);
             // Each chunk reads at the version the first one resolved, so the whole call sees one version.
-            chunked(py, n, |r| {
-                let v = client.get_into(
+            let read = chunked(py, n, |r| {
+                let got = client.get_into_of(
                     table,
+                    incarnation,
                     keys.slice(r.clone()),
                     pinned,
-                    &mut values.slice_mut(r.clone()),
-                    &mut found[r],
+                    &mut v.slice_mut(r.clone()),
+                    &mut f[r],
                 )?;
-                pinned = v;
+                pinned = got;
                 Ok(())
-            })?;
-        }
+            });
+            match read {
+                Ok(()) => break (values, found),
+                Err(e) => {
+                    // The table was dropped and created again (perhaps with another value type)
+                    // while we read its current version: read the new one, once, into an output
+                    // of its type. A pinned version belonged to the table that is gone.
+                    let fresh = if version == 0 && tries < 3 {
+                        meta_of(py).ok()
+                    } else {
+                        None
+                    };
+                    match fresh {
+                        Some(m) if m.incarnation != meta.incarnation => meta = m,
+                        _ => return Err(e),
+                    }
+                }
+            }
+        };
         let values = match values {
             Values::I64(v) => v.into_pyarray(py).into_any(),
             Values::F64(v) => v.into_pyarray(py).into_any(),

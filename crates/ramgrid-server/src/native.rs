@@ -477,6 +477,7 @@ impl Conn {
                     .tables
                     .at(b.table, b.version)
                     .map_err(|e| refusal(&e))?;
+                check_incarnation(&tv, b.incarnation)?;
                 check_held(&tv, b.groups.iter().map(|g| g.partition))?;
                 // One call for the whole frame: its lookups share one prefetching pipeline
                 // whatever the number of partitions (a group per partition holds few keys).
@@ -512,6 +513,7 @@ impl Conn {
                     state,
                     p.table,
                     p.version,
+                    p.incarnation,
                     p.groups.iter().map(|g| g.partition),
                 )?;
                 let vt = tv.value_type();
@@ -537,6 +539,7 @@ impl Conn {
                     state,
                     b.table,
                     b.version,
+                    b.incarnation,
                     b.groups.iter().map(|g| g.partition),
                 )?;
                 self.status.clear();
@@ -576,14 +579,32 @@ fn writable(
     state: &NativeState,
     table: &str,
     version: u32,
+    incarnation: u64,
     partitions: impl Iterator<Item = u32>,
 ) -> Result<TableVersion, ErrorReply> {
     let tv = state.tables.at(table, version).map_err(|e| refusal(&e))?;
+    check_incarnation(&tv, incarnation)?;
     if tv.is_sealed() {
         return Err(refusal(&StoreError::VersionSealed(tv.version())));
     }
     check_held(&tv, partitions)?;
     Ok(tv)
+}
+
+/// Refuses a batch meant for another incarnation of the table (one dropped since, whose name was
+/// used again): its keys, types and version numbers are not this table's. 0 names any.
+fn check_incarnation(tv: &TableVersion, incarnation: u64) -> Result<(), ErrorReply> {
+    let mine = tv.spec().incarnation;
+    if incarnation != 0 && incarnation != mine {
+        return Err(ErrorReply::new(
+            Status::NoSuchTable,
+            format!(
+                "table {} is another incarnation ({mine:016x}, not {incarnation:016x}): it was dropped and created again",
+                tv.spec().name
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn check_epoch(state: &NativeState, epoch: u64) -> Result<(), ErrorReply> {

@@ -86,7 +86,10 @@ def test_refused_client_may_try_again(ramgrid_auth: Any) -> None:
         assert s.recv(100).startswith(b"STORED\r\nVERSION ")
 
 
-def test_unauthenticated_connections_are_closed_at_the_deadline(ramgrid_auth: Any) -> None:
+def test_unauthenticated_connections_are_closed_at_the_deadline(start_server: Callable[..., Any]) -> None:
+    # A server of its own, so no other test's connections (closed, but perhaps not yet counted out
+    # by the server) hold a slot.
+    ramgrid_auth = start_server("ramgrid", max_conns=4, extra=("--token", TOKEN, "--auth-timeout-secs", "1"))
     # Take every connection slot (--max-conns 4) without authenticating.
     idle = [socket.create_connection(("127.0.0.1", ramgrid_auth.port), timeout=3) for _ in range(4)]
     try:

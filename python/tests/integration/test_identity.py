@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import ramgrid
 
 pytestmark = pytest.mark.timeout(60)
@@ -50,3 +49,35 @@ def test_an_unknown_durability_is_refused(grid3: ramgrid.LocalGrid, table_name: 
     with pytest.raises(ValueError, match="durability"):
         grid3.create_table(table_name, durability="disk")
     assert table_name not in grid3.tables()
+
+
+def test_readers_follow_a_table_created_again_with_another_type(grid3: ramgrid.LocalGrid, table_name: str) -> None:
+    other = f"{table_name}_other"
+    t = grid3.create_table(table_name, partitions=8, replication=2, value_type="i64")
+    u = grid3.create_table(other, partitions=8, replication=2, value_type="i64")
+    keys = np.arange(1000)
+    with t.new_version() as v:
+        v.put_many(keys, keys)
+    with u.new_version() as v:
+        v.put_many(keys, keys * 5)
+    reader = ramgrid.connect(grid3.addresses, near_cache_bytes=1 << 20)
+    assert np.array_equal(reader.table(table_name).get_many(keys), keys)
+    pinned = reader.table(table_name).pin()
+    assert np.array_equal(pinned.get_many(keys[:10]), keys[:10])
+
+    # Another client drops the table and creates it again with another value type and contents.
+    grid3.drop_table(table_name)
+    t2 = grid3.create_table(table_name, partitions=8, replication=2, value_type="f64")
+    with t2.new_version() as v:
+        v.put_many(keys, keys * 0.5)
+
+    # The reader's next read of the current version reads the new table, typed as it is now.
+    got = reader.table(table_name).get_many(keys)
+    assert got.dtype == np.float64
+    assert np.array_equal(got, keys * 0.5)
+    # A version pinned on the dropped table is not read from the new one, whose numbers start again.
+    with pytest.raises(ramgrid.exceptions.RamgridError):
+        pinned.get_many(keys[10:20])
+    # Unrelated tables never noticed: no server was marked down.
+    assert np.array_equal(reader.table(other).get_many(keys), keys * 5)
+    assert not reader.table(other).describe()["unreachable"]

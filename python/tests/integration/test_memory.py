@@ -162,7 +162,7 @@ def test_native_large_gets_stay_within_the_buffer_budget(budget_grid: Any) -> No
         for _ in range(8):
             s, epoch = _native_conn(addr)
             stuck.append(s)
-            get_body = {"table": "big", "version": 0, "epoch": epoch}
+            get_body = {"table": "big", "version": 0, "epoch": epoch, "incarnation": 0}
             frames = b""
             for i in range(10):
                 group = {"partition": 0, "keys_hex": [k.encode().hex() for k in keys[i * 7 : i * 7 + 7]]}

@@ -31,7 +31,13 @@ class FakeClient:
         self.tables: dict[str, dict[str, Any]] = {}
 
     def create_table(
-        self, name: str, partitions: int = 64, replication: int = 1, value_type: str = "bytes", dim: int = 0
+        self,
+        name: str,
+        partitions: int = 64,
+        replication: int = 1,
+        value_type: str = "bytes",
+        dim: int = 0,
+        durability: str = "memory",
     ) -> None:
         self.tables[name] = {"current": 1, "versions": {1: {}}, "sealed": set(), "value_type": value_type, "dim": dim}
 
@@ -60,7 +66,10 @@ class FakeClient:
         t = self.tables[table]
         return t["versions"][version or t["current"]]
 
-    def get_many(self, table: str, keys: Any, version: int = 0) -> tuple[Any, np.ndarray]:
+    def incarnation(self, table: str) -> int:
+        return 1
+
+    def get_many(self, table: str, keys: Any, version: int = 0, incarnation: int = 0) -> tuple[Any, np.ndarray]:
         d = self._data(table, version)
         ks = list(np.asarray(keys).tolist()) if isinstance(keys, np.ndarray) else list(keys)
         found = np.array([k in d for k in ks], dtype=bool)

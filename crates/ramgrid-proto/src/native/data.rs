@@ -18,6 +18,9 @@ pub struct KeyBatch<'a> {
     pub version: u32,
     /// The partition-map epoch the client routed the batch with.
     pub epoch: u64,
+    /// The incarnation of the table the client means (0: any). A server refuses the batch with
+    /// NO_SUCH_TABLE when its table of that name is another incarnation.
+    pub incarnation: u64,
     /// The keys, by partition.
     pub groups: KeyGroups<'a>,
 }
@@ -34,12 +37,14 @@ impl<'a> KeyBatch<'a> {
         let table = r.name("table name")?;
         let version = r.u32("version")?;
         let epoch = r.u64("epoch")?;
+        let incarnation = r.u64("incarnation")?;
         let groups = KeyGroups::read(&mut r)?;
         r.finish()?;
         Ok(KeyBatch {
             table,
             version,
             epoch,
+            incarnation,
             groups,
         })
     }
@@ -58,6 +63,7 @@ impl<'a> KeyBatch<'a> {
         wire::put_name(out, self.table, "table name")?;
         put_u32(out, self.version);
         put_u64(out, self.epoch);
+        put_u64(out, self.incarnation);
         put_u32(out, self.groups.count);
         out.extend_from_slice(self.groups.raw);
         Ok(())
@@ -212,6 +218,8 @@ pub struct Put<'a> {
     pub version: u32,
     /// The partition-map epoch the client routed the batch with.
     pub epoch: u64,
+    /// The incarnation of the table the client means (0: any); see [`KeyBatch::incarnation`].
+    pub incarnation: u64,
     /// How the values are packed; a server answers [`KeyStatus::WrongType`] per key when it is
     /// not the table's.
     pub value_type: ValueType,
@@ -226,6 +234,7 @@ impl<'a> Put<'a> {
         let table = r.name("table name")?;
         let version = r.u32("version")?;
         let epoch = r.u64("epoch")?;
+        let incarnation = r.u64("incarnation")?;
         let value_type = r.value_type()?;
         let count = r.u32("group count")?;
         let start = r.pos();
@@ -248,6 +257,7 @@ impl<'a> Put<'a> {
             table,
             version,
             epoch,
+            incarnation,
             value_type,
             groups,
         })
@@ -268,6 +278,7 @@ impl<'a> Put<'a> {
         wire::put_name(out, self.table, "table name")?;
         put_u32(out, self.version);
         put_u64(out, self.epoch);
+        put_u64(out, self.incarnation);
         wire::put_value_type(out, self.value_type)?;
         put_u32(out, self.groups.count);
         out.extend_from_slice(self.groups.raw);
@@ -443,6 +454,7 @@ impl<'o> KeyBatchWriter<'o> {
         wire::put_name(p.out, table, "table name")?;
         put_u32(p.out, version);
         put_u64(p.out, epoch);
+        put_u64(p.out, 0);
         let groups_at = p.out.len();
         put_u32(p.out, 0);
         Ok(KeyBatchWriter {
@@ -450,6 +462,12 @@ impl<'o> KeyBatchWriter<'o> {
             groups_at,
             groups: 0,
         })
+    }
+
+    /// Names the table incarnation the batch is meant for (written as 0, "any", by `begin`).
+    pub fn set_incarnation(&mut self, incarnation: u64) {
+        let at = self.groups_at - 8;
+        self.p.out[at..at + 8].copy_from_slice(&incarnation.to_le_bytes());
     }
 
     /// Appends one partition's keys and returns how many there were. On error (a key over
@@ -586,6 +604,7 @@ impl<'o> PutWriter<'o> {
         wire::put_name(p.out, table, "table name")?;
         put_u32(p.out, version);
         put_u64(p.out, epoch);
+        put_u64(p.out, 0);
         wire::put_value_type(p.out, value_type)?;
         let groups_at = p.out.len();
         put_u32(p.out, 0);
@@ -595,6 +614,13 @@ impl<'o> PutWriter<'o> {
             groups: 0,
             value_type,
         })
+    }
+
+    /// Names the table incarnation the batch is meant for (written as 0, "any", by `begin`).
+    pub fn set_incarnation(&mut self, incarnation: u64) {
+        // The head ends: epoch, incarnation, value type (kind u8 + dim u32), then the group count.
+        let at = self.groups_at - 5 - 8;
+        self.p.out[at..at + 8].copy_from_slice(&incarnation.to_le_bytes());
     }
 
     fn count_group(&mut self) -> Result<(), FrameError> {

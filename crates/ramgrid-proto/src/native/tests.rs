@@ -479,6 +479,7 @@ fn hostile_counts_do_not_allocate_or_panic() {
     // GET with a huge group count and nothing behind it.
     let mut body = Vec::new();
     body.extend_from_slice(&[1, 0, b't', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    body.extend_from_slice(&[0; 8]); // incarnation
     body.extend_from_slice(&u32::MAX.to_le_bytes());
     assert_eq!(
         KeyBatch::decode(&body),
