@@ -37,6 +37,9 @@ pub(crate) fn prefetch<T>(p: *const T) {
 /// Places per bucket.
 const WAYS: usize = 10;
 
+/// Bytes of one bucket, in memory and in a partition image.
+pub(crate) const BUCKET_BYTES: usize = 64;
+
 /// Average keys per bucket above which the index grows (80% of the places).
 const MAX_LOAD: usize = 8;
 
@@ -369,6 +372,84 @@ impl Index {
         }
     }
 
+    /// Append the buckets as the partition image stores them (docs/partition-image.md, section
+    /// 0): per bucket, ten u16 LE tags, ten u32 LE slots, u16 LE overflow, u16 zero; 64 bytes,
+    /// which is also the in-memory layout of [`Bucket`] on a little-endian machine. Slots are
+    /// key-arena positions, not addresses, so the bytes mean the same wherever they are loaded.
+    pub(crate) fn write_image(&self, out: &mut Vec<u8>) {
+        out.reserve(self.buckets.len() * BUCKET_BYTES);
+        for b in &self.buckets {
+            for t in b.tags {
+                out.extend_from_slice(&t.to_le_bytes());
+            }
+            for s in b.slots {
+                out.extend_from_slice(&s.to_le_bytes());
+            }
+            out.extend_from_slice(&b.overflow.to_le_bytes());
+            out.extend_from_slice(&0u16.to_le_bytes());
+        }
+    }
+
+    /// Rebuild an index from [`Index::write_image`]'s bytes. `hash_of(slot)` gives the key hash
+    /// of a slot that holds a live key, or `None` if the slot is not one; it must also refuse a
+    /// slot seen before, so every key is in the index once. Empty places keep whatever slot they
+    /// hold (never read), so writing the result again gives the same bytes. Whether each key is
+    /// reachable from its home bucket is the caller's check (it looks every key up).
+    pub(crate) fn from_image(
+        bytes: &[u8],
+        mut hash_of: impl FnMut(u32) -> Option<u64>,
+    ) -> Result<Index, String> {
+        if !bytes.len().is_multiple_of(BUCKET_BYTES) {
+            return Err(format!(
+                "index length {} is not a multiple of {BUCKET_BYTES}",
+                bytes.len()
+            ));
+        }
+        let n = bytes.len() / BUCKET_BYTES;
+        let u16_at = |at: usize| u16::from_le_bytes([bytes[at], bytes[at + 1]]);
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        let mut buckets = Vec::with_capacity(n);
+        let (mut len, mut max_probe, mut spilled) = (0, 0, 0);
+        for b in 0..n {
+            let at = b * BUCKET_BYTES;
+            let mut bucket = Bucket::default();
+            for i in 0..WAYS {
+                bucket.tags[i] = u16_at(at + 2 * i);
+                bucket.slots[i] = u32_at(at + 2 * WAYS + 4 * i);
+            }
+            bucket.overflow = u16_at(at + 6 * WAYS);
+            if bucket.overflow > 1 || u16_at(at + 6 * WAYS + 2) != 0 {
+                return Err(format!("index bucket {b}: bad overflow flag or padding"));
+            }
+            spilled += usize::from(bucket.overflow);
+            for i in 0..WAYS {
+                if bucket.tags[i] == 0 {
+                    continue;
+                }
+                let slot = bucket.slots[i];
+                let h = hash_of(slot).ok_or_else(|| {
+                    format!("index bucket {b} place {i}: slot {slot} is not a key or is repeated")
+                })?;
+                if tag(h) != bucket.tags[i] {
+                    return Err(format!(
+                        "index bucket {b} place {i}: tag does not match its key"
+                    ));
+                }
+                // Distance from the key's home bucket, going forward with wrap-around.
+                max_probe = max_probe.max((b + n - home(h, n)) % n);
+                len += 1;
+            }
+            buckets.push(bucket);
+        }
+        Ok(Index {
+            buckets,
+            len,
+            max_probe,
+            spilled,
+            spilled_at_rebuild: spilled,
+        })
+    }
+
     fn rebuild(&mut self, buckets: usize, hash_of: impl Fn(u32) -> u64) {
         let old = std::mem::replace(&mut self.buckets, vec![Bucket::default(); buckets]);
         self.len = 0;
@@ -515,7 +596,7 @@ mod tests {
 
     #[test]
     fn a_bucket_is_one_cache_line() {
-        assert_eq!(std::mem::size_of::<Bucket>(), 64);
+        assert_eq!(std::mem::size_of::<Bucket>(), BUCKET_BYTES);
         assert_eq!(std::mem::align_of::<Bucket>(), 64);
     }
 }

@@ -44,7 +44,7 @@
 //! could still copy it) until its version or table is dropped. A scan visits one partition of one
 //! version, so its cost is proportional to that partition's items, not to the server's.
 
-mod partition;
+pub(crate) mod partition;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -238,6 +238,9 @@ struct Version {
     number: u32,
     sealed: AtomicBool,
     parts: Box<[PartSlot]>,
+    /// Partitions whose data this store should have but does not (an image that failed to load):
+    /// reads of them are refused as not held rather than answered as misses. Empty = none.
+    missing: Box<[bool]>,
     /// Bytes charged for the slot array itself.
     overhead: usize,
     meter: Arc<Meter>,
@@ -265,6 +268,7 @@ impl Version {
             number,
             sealed: AtomicBool::new(false),
             parts,
+            missing: Box::new([]),
             overhead,
             meter: meter.clone(),
         })
@@ -359,10 +363,41 @@ impl TableVersion {
                 spec.name, spec.partitions
             )));
         }
-        if !self.held[partition as usize] {
+        if !self.held[partition as usize] || self.is_missing(partition) {
             return Err(Error::NotHeld(partition));
         }
         Ok(&self.version.parts[partition as usize])
+    }
+
+    /// Whether this version's data of `partition` is missing here (its image failed to load).
+    pub fn is_missing(&self, partition: u32) -> bool {
+        self.version
+            .missing
+            .get(partition as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// The flat image (docs/partition-image.md) of one partition of this version, held or not
+    /// (a partition that is leaving can still be copied). Only a sealed version has images:
+    /// [`Error::VersionOpen`] otherwise.
+    pub fn partition_image(&self, partition: u32) -> Result<Vec<u8>> {
+        let spec = &self.table.spec;
+        if partition >= spec.partitions {
+            return Err(Error::Invalid(format!(
+                "partition {partition} out of range: table {} has {} partitions",
+                spec.name, spec.partitions
+            )));
+        }
+        if self.is_missing(partition) {
+            return Err(Error::NotHeld(partition));
+        }
+        let Some(data) = self.version.parts[partition as usize].frozen.get() else {
+            return Err(Error::VersionOpen(self.version.number));
+        };
+        let mut out = Vec::new();
+        crate::image::write_image(data, &mut out).map_err(|e| Error::Invalid(e.to_string()))?;
+        Ok(out)
     }
 
     /// Run `f` over one partition. Reads of an OPEN version hold the partition's read lock during
@@ -929,6 +964,72 @@ impl Tables {
             }
         }
         v.sealed.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Add version `version` (> 0, not existing), already sealed, built from partition images
+    /// (docs/partition-image.md): `images` gives (partition, image) pairs, `missing` the
+    /// partitions whose data should be here but could not be had (reads of them are refused as
+    /// [`Error::NotHeld`]); every other partition is empty. Each image is validated completely
+    /// and charged to the tables' budget; on any error ([`Error::CorruptImage`] naming the
+    /// partition, [`Error::OutOfMemory`]) nothing is added.
+    pub fn install_version(
+        &self,
+        name: &str,
+        version: u32,
+        images: &[(u32, &[u8])],
+        missing: &[u32],
+    ) -> Result<()> {
+        if version == 0 {
+            return Err(Error::Invalid(
+                "version 0 means current; versions start at 1".into(),
+            ));
+        }
+        let table = self.table(name)?;
+        let spec = &table.spec;
+        if table.state.read().versions.contains_key(&version) {
+            return Err(Error::VersionExists(version));
+        }
+        let mut v = Version::new(version, spec, &self.meter)?;
+        for &(p, img) in images {
+            let slot = v.parts.get_mut(p as usize).ok_or_else(|| {
+                Error::Invalid(format!("partition {p} out of range 0..{}", spec.partitions))
+            })?;
+            let data =
+                crate::image::read_image(img, Some(spec.value_type), &self.meter).map_err(|e| {
+                    match e {
+                        Error::CorruptImage(what) => {
+                            Error::CorruptImage(format!("partition {p}: {what}"))
+                        }
+                        e => e,
+                    }
+                })?;
+            *slot.open.get_mut() = Some(data);
+        }
+        let mut lost = vec![false; spec.partitions as usize];
+        for &p in missing {
+            *lost.get_mut(p as usize).ok_or_else(|| {
+                Error::Invalid(format!("partition {p} out of range 0..{}", spec.partitions))
+            })? = true;
+        }
+        if lost.contains(&true) {
+            v.missing = lost.into();
+        }
+        for slot in v.parts.iter_mut() {
+            if let Some(mut data) = slot.open.get_mut().take() {
+                // Images are frozen already; empty partitions become so here.
+                data.freeze();
+                slot.frozen
+                    .set(data)
+                    .expect("a new version's slots are empty");
+            }
+        }
+        v.sealed.store(true, Ordering::Release);
+        let mut st = table.state.write();
+        if st.versions.contains_key(&version) {
+            return Err(Error::VersionExists(version));
+        }
+        st.versions.insert(version, Arc::new(v));
         Ok(())
     }
 
