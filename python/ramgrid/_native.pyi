@@ -37,7 +37,13 @@ class Client:
         """Sends this client's spec to every server (SET_SPEC): how a new local cluster is configured."""
     # tables
     def create_table(
-        self, name: str, partitions: int = 64, replication: int = 1, value_type: str = "bytes", dim: int = 0
+        self,
+        name: str,
+        partitions: int = 64,
+        replication: int = 1,
+        value_type: str = "bytes",
+        dim: int = 0,
+        durability: str = "memory",
     ) -> None:
         """value_type: "bytes" | "i64" | "f64" | "f32vec" (dim > 0). Creates an open version 1 that is current."""
     def drop_table(self, name: str) -> None: ...

@@ -215,9 +215,20 @@ def parse_frame(buf: bytes, max_body: int) -> tuple[str, bool, int, bytes, int]:
 # -- bodies -------------------------------------------------------------------------------------
 
 
+DURABILITIES = ("memory", "snapshot")
+
+
+def _durability(r: _Reader) -> str:
+    b = r.u8("durability")
+    if b >= len(DURABILITIES):
+        raise WireError("malformed", "durability")
+    return DURABILITIES[b]
+
+
 def _table_bytes(t: dict) -> bytes:
     out = _s16(t["name"]) + _u32(t["partitions"]) + _u32(t["replication"]) + _vt(t["value_type"])
-    out += _u32(t["current_version"]) + _u32(len(t["versions"]))
+    out += _u8(DURABILITIES.index(t["durability"])) + _u64(t["incarnation"])
+    out += _u32(t["current_version"]) + _u32(t["high_water"]) + _u32(len(t["versions"]))
     for v in t["versions"]:
         out += _u32(v["number"]) + _u8(1 if v["sealed"] else 0) + _u64(v["items"]) + _u64(v["bytes"])
     return out
@@ -229,7 +240,10 @@ def _read_table(r: _Reader) -> dict:
         "partitions": r.u32("partitions"),
         "replication": r.u32("replication"),
         "value_type": r.value_type(),
+        "durability": _durability(r),
+        "incarnation": r.u64("incarnation"),
         "current_version": r.u32("current version"),
+        "high_water": r.u32("high water"),
     }
     versions = []
     for _ in range(r.u32("version count")):
@@ -252,7 +266,8 @@ def encode_request_body(opcode: str, f: dict) -> bytes:
     if opcode in ("PING", "LIST_TABLES", "GET_SPEC"):
         return b""
     if opcode == "CREATE_TABLE":
-        return _s16(f["name"]) + _u32(f["partitions"]) + _u32(f["replication"]) + _vt(f["value_type"])
+        head = _s16(f["name"]) + _u32(f["partitions"]) + _u32(f["replication"]) + _vt(f["value_type"])
+        return head + _u8(DURABILITIES.index(f["durability"])) + _u64(f["incarnation"])
     if opcode in ("DROP_TABLE", "DESCRIBE_TABLE"):
         return _s16(f["name"])
     if opcode in ("CREATE_VERSION", "SEAL_VERSION", "SET_CURRENT", "DROP_VERSION"):
@@ -295,6 +310,8 @@ def decode_request_body(opcode: str, body: bytes) -> dict:
             "partitions": r.u32("partitions"),
             "replication": r.u32("replication"),
             "value_type": r.value_type(),
+            "durability": _durability(r),
+            "incarnation": r.u64("incarnation"),
         }
     elif opcode in ("DROP_TABLE", "DESCRIBE_TABLE"):
         f = {"name": r.name()}

@@ -217,12 +217,16 @@ class Grid:
         *,
         dim: int = 0,
         exist_ok: bool = False,
+        durability: str = "memory",
     ) -> Table:
         """Creates a table and returns its handle.
 
         `value_type`: "bytes", "i64", "f64", or ("f32vec", dim) for fixed-length float32 vectors. The new table has
         an open version 1 that is current, so plain `put_many` writes to it; use `Table.new_version()` to load later
-        versions atomically. With `exist_ok`, an existing table of that name is returned as is.
+        versions atomically. With `exist_ok`, an existing table of that name is returned as is. `durability`:
+        "memory" (a server restart loses it) or "snapshot" (servers started with `--data-dir` write each sealed
+        version to disk and load it at restart). Each created table gets a new incarnation id, so a table created
+        again under the same name is a different table to every client.
         """
         vt, d = _parse_value_type(value_type, dim)
         if partitions < 1 or replication < 1:
@@ -232,7 +236,9 @@ class Grid:
         from ramgrid.exceptions import TableExists
 
         try:
-            self._client().create_table(name, partitions=partitions, replication=replication, value_type=vt, dim=d)
+            self._client().create_table(
+                name, partitions=partitions, replication=replication, value_type=vt, dim=d, durability=durability
+            )
         except TableExists:
             if not exist_ok:
                 raise

@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use ramgrid_proto::cluster::{ClusterSpec, PartitionMap};
 use ramgrid_proto::native::{
-    CreateTable, ErrorReply, Request, Response, Status, TableInfo, ValueType, VersionRef,
+    CreateTable, Durability, ErrorReply, Request, Response, Status, TableInfo, ValueType,
+    VersionRef,
 };
 
 use crate::conn::{ConnSettings, Pool};
@@ -105,6 +106,8 @@ pub struct TableMeta {
     pub replication: u32,
     /// Value type.
     pub value_type: ValueType,
+    /// The table's identity (a table created again under its name has another).
+    pub incarnation: u64,
 }
 
 /// A table as the whole cluster holds it (DESCRIBE_TABLE aggregated over servers).
@@ -118,8 +121,16 @@ pub struct TableDescription {
     pub replication: u32,
     /// Value type.
     pub value_type: ValueType,
+    /// Durability, fixed at creation.
+    pub durability: Durability,
+    /// The table's identity, fixed at creation: a table created again under the same name has
+    /// another one.
+    pub incarnation: u64,
     /// The newest current version over the servers (during a switch, some may still point at the previous one).
     pub current_version: u32,
+    /// The highest version number any server ever created in the table: new versions are
+    /// numbered above it, so a number never names two contents.
+    pub high_water: u32,
     /// Every version any server holds, ascending.
     pub versions: Vec<VersionSummary>,
     /// Servers that did not answer (down, or failed during the call): the description is that of
@@ -539,6 +550,7 @@ impl Client {
                             partitions: t.partitions,
                             replication: t.replication,
                             value_type: t.value_type,
+                            incarnation: t.incarnation,
                         });
                         Ok(())
                     }
@@ -562,13 +574,34 @@ impl Client {
         Err(last.unwrap_or_else(|| Error::TableNotFound(table.to_string())))
     }
 
-    /// Creates a table on every server, with an open version 1 that is current.
+    /// Creates a table on every server, with an open version 1 that is current, kept in memory
+    /// only (see [`Client::create_table_with`]).
     pub fn create_table(
         &self,
         name: &str,
         partitions: u32,
         replication: u32,
         value_type: ValueType,
+    ) -> Result<()> {
+        self.create_table_with(
+            name,
+            partitions,
+            replication,
+            value_type,
+            Durability::Memory,
+        )
+    }
+
+    /// Creates a table on every server, with an open version 1 that is current, and a new
+    /// incarnation id (random, the same on every server) that tells it from any earlier table of
+    /// that name.
+    pub fn create_table_with(
+        &self,
+        name: &str,
+        partitions: u32,
+        replication: u32,
+        value_type: ValueType,
+        durability: Durability,
     ) -> Result<()> {
         let _call = self.call();
         if partitions == 0 || replication == 0 {
@@ -588,6 +621,8 @@ impl Client {
             partitions,
             replication,
             value_type,
+            durability,
+            incarnation: new_incarnation(),
         });
         // A server that already has the table still lets the others create it, so a retry after a
         // partial failure converges; TABLE_EXISTS is reported once all have answered.
@@ -705,10 +740,12 @@ impl Client {
             if infos.is_empty() {
                 return Err(Error::TableNotFound(table.to_string()));
             }
+            // Above every number any server ever used (dropped versions included), so a number
+            // never names two contents.
             let max = infos
                 .iter()
                 .flat_map(|t| t.versions.iter().map(|v| v.number))
-                .chain(infos.iter().map(|t| t.current_version))
+                .chain(infos.iter().map(|t| t.current_version.max(t.high_water)))
                 .max();
             let version = max.unwrap_or(0) + 1;
             let req = Request::CreateVersion(VersionRef { table, version });
@@ -937,6 +974,20 @@ fn refusal_err(addr: &str, table: &str, version: u32, e: ErrorReply) -> Error {
     }
 }
 
+/// A new table incarnation id: random and never 0 (64 bits from the process's random hash keys,
+/// the time and a counter, so two creations never share one in practice).
+fn new_incarnation() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    h.write_u32(std::process::id());
+    h.finish().max(1)
+}
+
 /// Merges one table's descriptions from several servers.
 fn aggregate(topo: &Topology, infos: &[TableInfo], unreachable: Vec<String>) -> TableDescription {
     let first = &infos[0];
@@ -964,7 +1015,10 @@ fn aggregate(topo: &Topology, infos: &[TableInfo], unreachable: Vec<String>) -> 
         partitions: first.partitions,
         replication: first.replication,
         value_type: first.value_type,
+        durability: first.durability,
+        incarnation: first.incarnation,
         current_version: infos.iter().map(|t| t.current_version).max().unwrap_or(0),
+        high_water: infos.iter().map(|t| t.high_water).max().unwrap_or(0),
         versions: versions.into_values().collect(),
         unreachable,
     }
@@ -1002,7 +1056,10 @@ mod tests {
             partitions: 8,
             replication: 2,
             value_type: ValueType::I64,
+            durability: Durability::Memory,
+            incarnation: 9,
             current_version: cur,
+            high_water: 2 + cur,
             versions: vec![
                 ramgrid_proto::native::VersionInfo {
                     number: 1,
@@ -1024,6 +1081,7 @@ mod tests {
             Vec::new(),
         );
         assert_eq!(d.current_version, 2);
+        assert_eq!((d.high_water, d.incarnation), (4, 9));
         assert_eq!(
             d.versions[0],
             VersionSummary {

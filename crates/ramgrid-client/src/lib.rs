@@ -39,5 +39,5 @@ pub use keys::{KeyBytes, Keys};
 pub use near::{NearCache, NearStats};
 pub use plan::Ack;
 pub use ramgrid_proto::cluster::{partition_of, ClusterSpec};
-pub use ramgrid_proto::native::ValueType;
+pub use ramgrid_proto::native::{Durability, ValueType};
 pub use values::{parse_type, type_name, BytesValues, Values, ValuesMut, ValuesRef};

@@ -34,6 +34,6 @@ pub use frame::{
 };
 pub use message::{encode_error, Request, Response};
 pub use types::{
-    ErrorReply, KeyStatus, Status, TableInfo, ValueType, VersionInfo, MAX_KEY_LEN, MAX_NAME_LEN,
-    MAX_VECTOR_DIM,
+    Durability, ErrorReply, KeyStatus, Status, TableInfo, ValueType, VersionInfo, MAX_KEY_LEN,
+    MAX_NAME_LEN, MAX_VECTOR_DIM,
 };

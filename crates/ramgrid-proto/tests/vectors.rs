@@ -129,13 +129,31 @@ fn value_json(vt: ValueType, b: &[u8]) -> Value {
     }
 }
 
+fn durability_from_json(d: &Value) -> Durability {
+    match s(d) {
+        "memory" => Durability::Memory,
+        "snapshot" => Durability::Snapshot,
+        other => panic!("unknown durability {other:?}"),
+    }
+}
+
+fn durability_to_json(d: Durability) -> Value {
+    json!(match d {
+        Durability::Memory => "memory",
+        Durability::Snapshot => "snapshot",
+    })
+}
+
 fn table_from_json(t: &Value) -> TableInfo {
     TableInfo {
         name: s(&t["name"]).to_owned(),
         partitions: u32_(&t["partitions"]),
         replication: u32_(&t["replication"]),
         value_type: vt_from_json(&t["value_type"]),
+        durability: durability_from_json(&t["durability"]),
+        incarnation: u(&t["incarnation"]),
         current_version: u32_(&t["current_version"]),
+        high_water: u32_(&t["high_water"]),
         versions: arr(&t["versions"])
             .iter()
             .map(|v| VersionInfo {
@@ -158,7 +176,9 @@ fn table_json(t: &TableInfo) -> Value {
         .collect();
     json!({
         "name": t.name, "partitions": t.partitions, "replication": t.replication,
-        "value_type": vt_to_json(t.value_type), "current_version": t.current_version, "versions": versions,
+        "value_type": vt_to_json(t.value_type), "durability": durability_to_json(t.durability),
+        "incarnation": t.incarnation, "current_version": t.current_version, "high_water": t.high_water,
+        "versions": versions,
     })
 }
 
@@ -229,6 +249,8 @@ fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
                     partitions: u32_(&f["partitions"]),
                     replication: u32_(&f["replication"]),
                     value_type: vt_from_json(&f["value_type"]),
+                    durability: durability_from_json(&f["durability"]),
+                    incarnation: u(&f["incarnation"]),
                 }),
                 Opcode::DropTable => Request::DropTable { name: name() },
                 Opcode::ListTables => Request::ListTables,
@@ -338,7 +360,8 @@ fn request_json(req: &Request<'_>) -> Value {
         Request::Ping | Request::ListTables | Request::GetSpec => json!({}),
         Request::CreateTable(c) => json!({
             "name": c.name, "partitions": c.partitions, "replication": c.replication,
-            "value_type": vt_to_json(c.value_type),
+            "value_type": vt_to_json(c.value_type), "durability": durability_to_json(c.durability),
+            "incarnation": c.incarnation,
         }),
         Request::DropTable { name } | Request::DescribeTable { name } => json!({ "name": name }),
         Request::CreateVersion(v)

@@ -13,8 +13,8 @@ use pyo3::exceptions::{PyException, PyKeyboardInterrupt, PyOSError, PyTypeError,
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 use ramgrid_client::{
-    parse_type, type_name, Ack, Client as RustClient, ClientConfig, Error, ErrorKind, Keys,
-    TableDescription, ValueType, Values, ValuesRef,
+    parse_type, type_name, Ack, Client as RustClient, ClientConfig, Durability, Error, ErrorKind,
+    Keys, TableDescription, ValueType, Values, ValuesRef,
 };
 
 create_exception!(
@@ -278,6 +278,15 @@ fn description_dict<'py>(py: Python<'py>, d: &TableDescription) -> PyResult<Boun
         },
     )?;
     out.set_item("current_version", d.current_version)?;
+    out.set_item("high_water", d.high_water)?;
+    out.set_item("incarnation", d.incarnation)?;
+    out.set_item(
+        "durability",
+        match d.durability {
+            Durability::Memory => "memory",
+            Durability::Snapshot => "snapshot",
+        },
+    )?;
     let versions = PyList::empty(py);
     for v in &d.versions {
         let e = PyDict::new(py);
@@ -353,7 +362,8 @@ impl Client {
             .map_err(|e| to_py(py, e))
     }
 
-    #[pyo3(signature = (name, partitions=64, replication=1, value_type="bytes", dim=0))]
+    #[pyo3(signature = (name, partitions=64, replication=1, value_type="bytes", dim=0, durability="memory"))]
+    #[expect(clippy::too_many_arguments)]
     fn create_table(
         &self,
         py: Python<'_>,
@@ -362,10 +372,23 @@ impl Client {
         replication: u32,
         value_type: &str,
         dim: u32,
+        durability: &str,
     ) -> PyResult<()> {
         let vt = parse_type(value_type, dim).map_err(|e| to_py(py, e))?;
-        py.allow_threads(|| self.inner.create_table(name, partitions, replication, vt))
-            .map_err(|e| to_py(py, e))
+        let durability = match durability {
+            "memory" => Durability::Memory,
+            "snapshot" => Durability::Snapshot,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "durability must be \"memory\" or \"snapshot\", not {other:?}"
+                )))
+            }
+        };
+        py.allow_threads(|| {
+            self.inner
+                .create_table_with(name, partitions, replication, vt, durability)
+        })
+        .map_err(|e| to_py(py, e))
     }
 
     fn drop_table(&self, py: Python<'_>, name: &str) -> PyResult<()> {

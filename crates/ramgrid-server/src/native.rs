@@ -308,7 +308,9 @@ fn refusal(e: &StoreError) -> ErrorReply {
         StoreError::NoSuchTable(_) => Status::NoSuchTable,
         StoreError::TableExists(_) => Status::TableExists,
         StoreError::NoSuchVersion(_) => Status::NoSuchVersion,
-        StoreError::VersionExists(_) => Status::VersionExists,
+        StoreError::VersionExists(_) | StoreError::VersionNumberUsed { .. } => {
+            Status::VersionExists
+        }
         StoreError::VersionSealed(_) => Status::VersionSealed,
         StoreError::VersionOpen(_) => Status::VersionNotSealed,
         StoreError::NotHeld(p) => return ErrorReply::not_owner(vec![*p]),
@@ -395,6 +397,11 @@ impl Conn {
                     partitions: c.partitions,
                     replication: c.replication.max(1),
                     value_type: store_value_type(c.value_type),
+                    durability: match c.durability {
+                        wire::Durability::Memory => tables::Durability::Memory,
+                        wire::Durability::Snapshot => tables::Durability::Snapshot,
+                    },
+                    incarnation: c.incarnation,
                 };
                 let held = held_partitions(state.cluster.read().as_ref(), &spec);
                 state
@@ -604,7 +611,13 @@ fn table_info(info: tables::TableInfo) -> wire::TableInfo {
         partitions: info.spec.partitions,
         replication: info.spec.replication,
         value_type: wire_value_type(info.spec.value_type),
+        durability: match info.spec.durability {
+            tables::Durability::Memory => wire::Durability::Memory,
+            tables::Durability::Snapshot => wire::Durability::Snapshot,
+        },
+        incarnation: info.spec.incarnation,
         current_version: info.current,
+        high_water: info.high_water,
         versions: info
             .versions
             .iter()

@@ -9,8 +9,8 @@ use std::time::Duration;
 use clap::Parser;
 use ramgrid_proto::cluster::{partition_of, ClusterSpec, PartitionMap};
 use ramgrid_proto::native::{
-    parse_frame, CreateTable, FrameError, Hello, KeyBatchWriter, Opcode, PutWriter, Request,
-    Response, Status, ValueType, VersionRef, PROTOCOL_VERSION,
+    parse_frame, CreateTable, Durability, FrameError, Hello, KeyBatchWriter, Opcode, PutWriter,
+    Request, Response, Status, ValueType, VersionRef, PROTOCOL_VERSION,
 };
 use ramgrid_server::{start, Config, ServerHandle};
 
@@ -121,6 +121,8 @@ fn create_f64(c: &mut Conn, name: &str, partitions: u32) -> Status {
         partitions,
         replication: 1,
         value_type: ValueType::F64,
+        durability: Durability::Memory,
+        incarnation: 7,
     }))
 }
 

@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use ramgrid_store::{KeyStatus, TableSpec, Tables, TablesConfig, ValueRef, ValueType};
+use ramgrid_store::{Durability, KeyStatus, TableSpec, Tables, TablesConfig, ValueRef, ValueType};
 
 const PASSES: usize = 5;
 const BATCHES: [usize; 4] = [1, 10, 100, 1000];
@@ -28,6 +28,8 @@ fn main() {
         partitions: 1,
         replication: 1,
         value_type: ValueType::F64,
+        durability: Durability::Memory,
+        incarnation: 1,
     };
     tables.create_table(spec, &[0]).expect("create");
     // Word-like keys of 8-12 bytes, as in the language-model job.
@@ -119,6 +121,8 @@ fn many_partitions(keys: &[Vec<u8>], flat: &[u8], spans: &[(usize, usize)]) {
         partitions: PARTITIONS,
         replication: 1,
         value_type: ValueType::F64,
+        durability: Durability::Memory,
+        incarnation: 1,
     };
     let all: Vec<u32> = (0..PARTITIONS).collect();
     tables.create_table(spec, &all).expect("create");

@@ -19,8 +19,8 @@ pub use cache::{
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use memory::Budget;
 pub use tables::{
-    packed_values, KeyStatus, PackedValues, PartitionView, TableInfo, TableSpec, TableVersion,
-    Tables, TablesConfig, ValueRef, ValueType, VersionInfo,
+    packed_values, Durability, KeyStatus, PackedValues, PartitionView, TableInfo, TableSpec,
+    TableVersion, Tables, TablesConfig, ValueRef, ValueType, VersionInfo,
 };
 
 /// What went wrong in a store call. Expected outcomes (miss, NOT_STORED, EXISTS) are values, not errors.
@@ -48,6 +48,14 @@ pub enum Error {
     /// The version number is taken.
     #[error("version already exists: {0}")]
     VersionExists(u32),
+    /// A version of this number existed before (it was dropped): numbers are never reused.
+    #[error("version {version} was used before in this table (high-water mark {high_water}): number new versions above it")]
+    VersionNumberUsed {
+        /// The number asked for.
+        version: u32,
+        /// The highest number ever created in the table.
+        high_water: u32,
+    },
     /// The version is sealed; it can no longer be written.
     #[error("version {0} is sealed")]
     VersionSealed(u32),
@@ -112,7 +120,7 @@ impl Error {
             Error::NoSuchTable(_) => ErrorKind::NoSuchTable,
             Error::TableExists(_) => ErrorKind::TableExists,
             Error::NoSuchVersion(_) => ErrorKind::NoSuchVersion,
-            Error::VersionExists(_) => ErrorKind::VersionExists,
+            Error::VersionExists(_) | Error::VersionNumberUsed { .. } => ErrorKind::VersionExists,
             Error::VersionSealed(_) => ErrorKind::VersionSealed,
             Error::VersionOpen(_) => ErrorKind::VersionOpen,
             Error::VersionCurrent(_) => ErrorKind::VersionCurrent,

@@ -106,6 +106,21 @@ pub struct TableSpec {
     pub replication: u32,
     /// Type of the values.
     pub value_type: ValueType,
+    /// Whether a server with a data directory keeps the table across a restart.
+    pub durability: Durability,
+    /// The table's identity, chosen by whoever created it (the same on every server): a table
+    /// dropped and created again under the same name has another one.
+    pub incarnation: u64,
+}
+
+/// How a table is kept across a restart of a server that has a data directory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Durability {
+    /// In memory only: a restart loses it.
+    #[default]
+    Memory,
+    /// Each sealed version is written as snapshot files and loaded at restart.
+    Snapshot,
 }
 
 /// Limits of a [`Tables`] registry.
@@ -146,6 +161,9 @@ pub struct TableInfo {
     pub spec: TableSpec,
     /// Current version, 0 if none (after a forced drop of the current one).
     pub current: u32,
+    /// The highest version number ever created in this table (dropped ones included): a new
+    /// version must be numbered above it, so a number never names two different contents.
+    pub high_water: u32,
     /// Partitions this store holds, ascending.
     pub held: Vec<u32>,
     /// Every version, ascending by number.
@@ -296,6 +314,8 @@ struct TableState {
     versions: BTreeMap<u32, Arc<Version>>,
     /// 0 = no current version.
     current: u32,
+    /// Highest version number ever created (see [`TableInfo::high_water`]).
+    high_water: u32,
     /// Indexed by partition. Replaced whole on a map change, so a [`TableVersion`] keeps the
     /// mask it started with without copying it.
     held: Arc<[bool]>,
@@ -856,6 +876,7 @@ impl Tables {
         let state = TableState {
             versions: BTreeMap::from([(1, head)]),
             current: 1,
+            high_water: 1,
             held: held.into(),
         };
         tables.insert(
@@ -888,13 +909,14 @@ impl Tables {
     /// Spec, current version, held partitions and per-version counters of a table.
     pub fn describe(&self, name: &str) -> Result<TableInfo> {
         let table = self.table(name)?;
-        let (current, held, versions) = {
+        let (current, high_water, held, versions) = {
             let st = table.state.read();
             let held = (0..table.spec.partitions)
                 .filter(|&p| st.held[p as usize])
                 .collect();
             (
                 st.current,
+                st.high_water,
                 held,
                 st.versions.values().cloned().collect::<Vec<_>>(),
             )
@@ -902,6 +924,7 @@ impl Tables {
         Ok(TableInfo {
             spec: table.spec.clone(),
             current,
+            high_water,
             held,
             versions: versions.iter().map(|v| v.info()).collect(),
         })
@@ -942,8 +965,17 @@ impl Tables {
         if st.versions.contains_key(&version) {
             return Err(Error::VersionExists(version));
         }
+        // A dropped version's number is never given to new contents: a reader (or near cache)
+        // holding that number could otherwise mix the two.
+        if version <= st.high_water {
+            return Err(Error::VersionNumberUsed {
+                version,
+                high_water: st.high_water,
+            });
+        }
         let v = Arc::new(Version::new(version, &table.spec, &self.meter)?);
         st.versions.insert(version, v);
+        st.high_water = version;
         Ok(())
     }
 

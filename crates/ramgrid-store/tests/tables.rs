@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use ramgrid_store::tables::MAX_KEY_LEN;
+use ramgrid_store::tables::{Durability, MAX_KEY_LEN};
 use ramgrid_store::{
     packed_values, Error, ErrorKind, KeyStatus, TableSpec, Tables, TablesConfig, ValueRef,
     ValueType,
@@ -20,6 +20,8 @@ fn spec(name: &str, partitions: u32, value_type: ValueType) -> TableSpec {
         partitions,
         replication: 1,
         value_type,
+        durability: Durability::Memory,
+        incarnation: 1,
     }
 }
 
@@ -711,6 +713,8 @@ fn memory_limit_is_never_exceeded_and_oom_changes_nothing() {
         partitions: 60_000,
         replication: 1,
         value_type: ValueType::I64,
+        durability: Durability::Memory,
+        incarnation: 1,
     };
     assert_eq!(t.create_table(big, &[]).unwrap_err(), Error::OutOfMemory);
     // Dropping frees the accounting.

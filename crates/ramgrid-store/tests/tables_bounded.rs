@@ -1,6 +1,6 @@
 //! A batch read never holds more than its caller's bound: past it, the read is refused whole.
 
-use ramgrid_store::tables::{TableSpec, Tables, TablesConfig, ValueRef, ValueType};
+use ramgrid_store::tables::{Durability, TableSpec, Tables, TablesConfig, ValueRef, ValueType};
 use ramgrid_store::Error;
 
 #[test]
@@ -15,6 +15,8 @@ fn get_batch_bounded_refuses_whole_past_its_bound() {
             partitions: 1,
             replication: 1,
             value_type: ValueType::Bytes,
+            durability: Durability::Memory,
+            incarnation: 1,
         },
         &[0],
     )

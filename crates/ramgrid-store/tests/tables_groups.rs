@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use ramgrid_store::tables::MAX_KEY_LEN;
+use ramgrid_store::tables::{Durability, MAX_KEY_LEN};
 use ramgrid_store::{
     Error, KeyStatus, TableSpec, TableVersion, Tables, TablesConfig, ValueRef, ValueType,
 };
@@ -30,6 +30,8 @@ fn spec(value_type: ValueType) -> TableSpec {
         partitions: PARTS,
         replication: 1,
         value_type,
+        durability: Durability::Memory,
+        incarnation: 1,
     }
 }
 
@@ -280,6 +282,8 @@ fn readers_see_one_generation_per_partition_while_a_writer_rewrites_and_seals() 
             partitions: P,
             replication: 1,
             value_type: ValueType::I64,
+            durability: Durability::Memory,
+            incarnation: 1,
         },
         &(0..P).collect::<Vec<_>>(),
     )

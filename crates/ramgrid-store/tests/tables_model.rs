@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use ramgrid_store::{KeyStatus, TableSpec, Tables, TablesConfig, ValueRef, ValueType};
+use ramgrid_store::{Durability, KeyStatus, TableSpec, Tables, TablesConfig, ValueRef, ValueType};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -91,7 +91,7 @@ proptest! {
     #[test]
     fn bytes_partition_matches_model(ops in proptest::collection::vec(op(), 1..400)) {
         let t = Tables::new(TablesConfig { memory_limit: 64 << 20, max_value_size: 4096 });
-        t.create_table(TableSpec { name: "m".into(), partitions: 1, replication: 1, value_type: ValueType::Bytes }, &[0]).unwrap();
+        t.create_table(TableSpec { name: "m".into(), partitions: 1, replication: 1, value_type: ValueType::Bytes, durability: Durability::Memory, incarnation: 1 }, &[0]).unwrap();
         let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
         let mut st = Vec::new();
         for (i, op) in ops.iter().enumerate() {
@@ -130,7 +130,7 @@ proptest! {
     #[test]
     fn tight_bytes_partition_reuses_deleted_space(ops in proptest::collection::vec(tight_op(), 1..400)) {
         let t = Tables::new(TablesConfig { memory_limit: TIGHT_LIMIT, max_value_size: 1 << 16 });
-        t.create_table(TableSpec { name: "m".into(), partitions: 1, replication: 1, value_type: ValueType::Bytes }, &[0]).unwrap();
+        t.create_table(TableSpec { name: "m".into(), partitions: 1, replication: 1, value_type: ValueType::Bytes, durability: Durability::Memory, incarnation: 1 }, &[0]).unwrap();
         let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
         let mut st = Vec::new();
         for (i, op) in ops.iter().enumerate() {
@@ -180,7 +180,7 @@ proptest! {
     #[test]
     fn f32vec_partition_matches_model(ops in proptest::collection::vec(op(), 1..400)) {
         let t = Tables::new(TablesConfig { memory_limit: 64 << 20, max_value_size: 4096 });
-        t.create_table(TableSpec { name: "v".into(), partitions: 1, replication: 1, value_type: ValueType::F32Vec { dim: 2 } }, &[0]).unwrap();
+        t.create_table(TableSpec { name: "v".into(), partitions: 1, replication: 1, value_type: ValueType::F32Vec { dim: 2 }, durability: Durability::Memory, incarnation: 1 }, &[0]).unwrap();
         let mut model: BTreeMap<Vec<u8>, [f32; 2]> = BTreeMap::new();
         let mut st = Vec::new();
         for (i, op) in ops.iter().enumerate() {

@@ -1,7 +1,7 @@
 //! Deleted space in native tables is reusable and released: a write that needs room first
 //! reclaims the garbage of deletes, and a partition emptied by deletes gives its memory back.
 
-use ramgrid_store::{KeyStatus, TableSpec, Tables, TablesConfig, ValueRef, ValueType};
+use ramgrid_store::{Durability, KeyStatus, TableSpec, Tables, TablesConfig, ValueRef, ValueType};
 
 const OK: u8 = KeyStatus::Ok as u8;
 const NF: u8 = KeyStatus::NotFound as u8;
@@ -20,6 +20,8 @@ fn spec(name: &str, partitions: u32, value_type: ValueType) -> TableSpec {
         partitions,
         replication: 1,
         value_type,
+        durability: Durability::Memory,
+        incarnation: 1,
     }
 }
 

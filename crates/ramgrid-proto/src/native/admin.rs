@@ -1,7 +1,7 @@
 //! Handshake, table, version and cluster-spec messages: small, off the hot path.
 
 use super::error::FrameError;
-use super::types::ValueType;
+use super::types::{Durability, ValueType};
 use super::wire::{self, put_u32, put_u64, put_u8, Reader};
 
 /// HELLO request: the first frame on a connection.
@@ -74,6 +74,11 @@ pub struct CreateTable<'a> {
     pub replication: u32,
     /// Value type of every version of the table.
     pub value_type: ValueType,
+    /// Whether servers keep it across a restart.
+    pub durability: Durability,
+    /// The table's identity, chosen by the creating client (random, never 0) and the same on every
+    /// server: a table created again under the same name is another table to every client.
+    pub incarnation: u64,
 }
 
 impl<'a> CreateTable<'a> {
@@ -83,6 +88,8 @@ impl<'a> CreateTable<'a> {
             partitions: r.u32("partitions")?,
             replication: r.u32("replication")?,
             value_type: r.value_type()?,
+            durability: r.durability()?,
+            incarnation: r.u64("incarnation")?,
         })
     }
 
@@ -90,7 +97,10 @@ impl<'a> CreateTable<'a> {
         wire::put_name(out, self.name, "table name")?;
         put_u32(out, self.partitions);
         put_u32(out, self.replication);
-        wire::put_value_type(out, self.value_type)
+        wire::put_value_type(out, self.value_type)?;
+        put_u8(out, self.durability as u8);
+        put_u64(out, self.incarnation);
+        Ok(())
     }
 }
 

@@ -52,16 +52,32 @@ fn table_info() -> impl Strategy<Value = TableInfo> {
         any::<u32>(),
         any::<u32>(),
         value_type(),
-        any::<u32>(),
+        (any::<bool>(), any::<u64>()),
+        (any::<u32>(), any::<u32>()),
         vec(version, 0..4),
     )
         .prop_map(
-            |(name, partitions, replication, value_type, current_version, versions)| TableInfo {
+            |(
                 name,
                 partitions,
                 replication,
                 value_type,
+                (snapshot, incarnation),
+                (current_version, high_water),
+                versions,
+            )| TableInfo {
+                name,
+                partitions,
+                replication,
+                value_type,
+                durability: if snapshot {
+                    Durability::Snapshot
+                } else {
+                    Durability::Memory
+                },
+                incarnation,
                 current_version,
+                high_water,
                 versions,
             },
         )
@@ -279,7 +295,7 @@ proptest! {
         for req in [
             Request::Hello(Hello { protocol_version: pv, token: &token, client_name: &client }),
             Request::Ping,
-            Request::CreateTable(CreateTable { name: &n, partitions: parts, replication: repl, value_type: vt }),
+            Request::CreateTable(CreateTable { name: &n, partitions: parts, replication: repl, value_type: vt, durability: Durability::Snapshot, incarnation: id }),
             Request::DropTable { name: &n },
             Request::ListTables,
             Request::DescribeTable { name: &n },
@@ -388,7 +404,9 @@ fn failed_encodes_leave_the_buffer_as_it_was() {
         name: "t",
         partitions: 1,
         replication: 1,
-        value_type: ValueType::F32Vec(0)
+        value_type: ValueType::F32Vec(0),
+        durability: Durability::Memory,
+        incarnation: 1,
     })
     .encode(&mut out, 1)
     .is_err());

@@ -210,6 +210,27 @@ impl ValueType {
     }
 }
 
+/// How servers keep a table across a restart (a server with `--data-dir`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Durability {
+    /// In memory only: a restart loses it.
+    #[default]
+    Memory = 0,
+    /// Each sealed version is written as snapshot files and loaded at restart.
+    Snapshot = 1,
+}
+
+impl Durability {
+    /// The durability for a wire byte, if valid.
+    pub fn from_u8(b: u8) -> Option<Durability> {
+        match b {
+            0 => Some(Durability::Memory),
+            1 => Some(Durability::Snapshot),
+            _ => None,
+        }
+    }
+}
+
 /// One version of a table as one server holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VersionInfo {
@@ -234,8 +255,16 @@ pub struct TableInfo {
     pub replication: u32,
     /// Value type, fixed at creation.
     pub value_type: ValueType,
+    /// Durability, fixed at creation.
+    pub durability: Durability,
+    /// The table's identity, chosen at creation: a table dropped and created again under the
+    /// same name has another one.
+    pub incarnation: u64,
     /// The version the name points at; 0 = none yet.
     pub current_version: u32,
+    /// The highest version number this server ever created for this name (dropped versions and
+    /// tables included): a new version must be numbered above it.
+    pub high_water: u32,
     /// Every version the server holds, ascending by number.
     pub versions: Vec<VersionInfo>,
 }
@@ -246,7 +275,10 @@ impl TableInfo {
         let partitions = r.u32("partitions")?;
         let replication = r.u32("replication")?;
         let value_type = r.value_type()?;
+        let durability = r.durability()?;
+        let incarnation = r.u64("incarnation")?;
         let current_version = r.u32("current version")?;
+        let high_water = r.u32("high water")?;
         let n = r.u32("version count")?;
         // Each entry is 21 bytes; a count the body cannot hold is refused before allocating.
         if n as usize > r.remaining() / 21 {
@@ -266,7 +298,10 @@ impl TableInfo {
             partitions,
             replication,
             value_type,
+            durability,
+            incarnation,
             current_version,
+            high_water,
             versions,
         })
     }
@@ -276,7 +311,10 @@ impl TableInfo {
         put_u32(out, self.partitions);
         put_u32(out, self.replication);
         wire::put_value_type(out, self.value_type)?;
+        put_u8(out, self.durability as u8);
+        put_u64(out, self.incarnation);
         put_u32(out, self.current_version);
+        put_u32(out, self.high_water);
         let n =
             u32::try_from(self.versions.len()).map_err(|_| FrameError::Encode("version count"))?;
         put_u32(out, n);

@@ -106,6 +106,11 @@ impl<'a> Reader<'a> {
         ValueType::from_wire(kind, dim).ok_or(FrameError::Malformed("value type"))
     }
 
+    pub(crate) fn durability(&mut self) -> Result<super::Durability, FrameError> {
+        let b = self.u8("durability")?;
+        super::Durability::from_u8(b).ok_or(FrameError::Malformed("durability"))
+    }
+
     /// Rejects bytes left over after the last field: a body must be exactly one message.
     pub(crate) fn finish(self) -> Result<(), FrameError> {
         match self.remaining() {
