@@ -983,9 +983,20 @@ impl Tables {
     /// later reads take no lock. A put racing with the seal lands before it or gets
     /// [`Error::VersionSealed`], per partition.
     pub fn seal_version(&self, name: &str, version: u32) -> Result<()> {
-        let table = self.table(name)?;
-        let v = table.state.read().lookup(version)?;
-        for slot in v.parts.iter() {
+        let v = self.freeze_version(name, version)?;
+        v.version.sealed.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// The first half of [`Tables::seal_version`]: compact every partition and stop taking
+    /// writes (they get [`Error::VersionSealed`]), but do not mark the version sealed yet, so it
+    /// cannot be made current and describes as open. A server that must make the version durable
+    /// before acknowledging the seal writes its images from the returned handle
+    /// ([`TableVersion::partition_image`]) in between; if that fails the version stays unsealed
+    /// (and frozen: a later seal retries, or the version is dropped).
+    pub fn freeze_version(&self, name: &str, version: u32) -> Result<TableVersion> {
+        let tv = self.at(name, version)?;
+        for slot in tv.version.parts.iter() {
             let mut open = slot.open.write();
             if let Some(mut data) = open.take() {
                 data.freeze();
@@ -995,8 +1006,7 @@ impl Tables {
                     .expect("a slot is frozen only once, under its write lock");
             }
         }
-        v.sealed.store(true, Ordering::Release);
-        Ok(())
+        Ok(tv)
     }
 
     /// Add version `version` (> 0, not existing), already sealed, built from partition images
@@ -1012,6 +1022,21 @@ impl Tables {
         images: &[(u32, &[u8])],
         missing: &[u32],
     ) -> Result<()> {
+        self.install_version_with(name, version, images, missing, |_, _| false)
+    }
+
+    /// [`Tables::install_version`], asking `on_bad(partition, error)` about each image that
+    /// cannot be installed (corrupt, or over the budget): `true` installs the version with that
+    /// partition missing (as a restarting server does, after reporting the file), `false`
+    /// refuses the whole version with that error.
+    pub fn install_version_with(
+        &self,
+        name: &str,
+        version: u32,
+        images: &[(u32, &[u8])],
+        missing: &[u32],
+        mut on_bad: impl FnMut(u32, &Error) -> bool,
+    ) -> Result<()> {
         if version == 0 {
             return Err(Error::Invalid(
                 "version 0 means current; versions start at 1".into(),
@@ -1023,6 +1048,7 @@ impl Tables {
             return Err(Error::VersionExists(version));
         }
         let mut v = Version::new(version, spec, &self.meter)?;
+        let mut lost: Vec<u32> = missing.to_vec();
         for &(p, img) in images {
             let slot = v.parts.get_mut(p as usize).ok_or_else(|| {
                 Error::Invalid(format!("partition {p} out of range 0..{}", spec.partitions))
@@ -1035,17 +1061,21 @@ impl Tables {
                         }
                         e => e,
                     }
-                })?;
-            *slot.open.get_mut() = Some(data);
+                });
+            match data {
+                Ok(data) => *slot.open.get_mut() = Some(data),
+                Err(e) if on_bad(p, &e) => lost.push(p),
+                Err(e) => return Err(e),
+            }
         }
-        let mut lost = vec![false; spec.partitions as usize];
-        for &p in missing {
-            *lost.get_mut(p as usize).ok_or_else(|| {
+        let mut lost_mask = vec![false; spec.partitions as usize];
+        for &p in &lost {
+            *lost_mask.get_mut(p as usize).ok_or_else(|| {
                 Error::Invalid(format!("partition {p} out of range 0..{}", spec.partitions))
             })? = true;
         }
-        if lost.contains(&true) {
-            v.missing = lost.into();
+        if lost_mask.contains(&true) {
+            v.missing = lost_mask.into();
         }
         for slot in v.parts.iter_mut() {
             if let Some(mut data) = slot.open.get_mut().take() {
@@ -1061,7 +1091,19 @@ impl Tables {
         if st.versions.contains_key(&version) {
             return Err(Error::VersionExists(version));
         }
+        // The same contents under the same number (a copy of a sealed version), so the number
+        // may be at or below the mark; the mark only rises.
+        st.high_water = st.high_water.max(version);
         st.versions.insert(version, Arc::new(v));
+        Ok(())
+    }
+
+    /// Raise a table's version high-water mark to at least `high_water` (a restarted server
+    /// restoring the mark its catalog kept, so dropped numbers stay unused).
+    pub fn raise_high_water(&self, name: &str, high_water: u32) -> Result<()> {
+        let table = self.table(name)?;
+        let mut st = table.state.write();
+        st.high_water = st.high_water.max(high_water);
         Ok(())
     }
 

@@ -2,7 +2,9 @@
 //! installed into another registry read back exact; open versions have no image; a partition
 //! installed as missing is refused, not read as empty; a damaged image installs nothing.
 
-use ramgrid_store::{Error, ErrorKind, TableSpec, Tables, TablesConfig, ValueRef, ValueType};
+use ramgrid_store::{
+    Durability, Error, ErrorKind, TableSpec, Tables, TablesConfig, ValueRef, ValueType,
+};
 
 fn spec(name: &str, value_type: ValueType) -> TableSpec {
     TableSpec {
@@ -10,6 +12,8 @@ fn spec(name: &str, value_type: ValueType) -> TableSpec {
         partitions: 4,
         replication: 1,
         value_type,
+        durability: Durability::Snapshot,
+        incarnation: 7,
     }
 }
 
