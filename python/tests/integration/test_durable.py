@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import ramgrid
 from ramgrid.local import server_env
 
@@ -36,7 +35,7 @@ class Cluster:
         self.root = root
         self.addrs = [f"127.0.0.1:{free_port()}" for _ in range(n)]
         self.spec_file = root / "spec"
-        self.spec_file.write_text("\n".join(self.addrs) + "\n")
+        self.spec_file.write_text("".join(f"server {a}\n" for a in self.addrs))
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * n
         for i in range(n):
             self.start(i)
