@@ -42,7 +42,9 @@ def free_port() -> int:
 def spawn(addr: str, data: Path, log: Path) -> tuple[subprocess.Popen[bytes], float]:
     """Starts the server; returns it and the seconds until it printed its listening line."""
     args = [sys.executable, "-m", "ramgrid._serve", "--listen", addr, "--threads", "2", "--table-memory", "12GiB"]
-    args += ["--data-dir", str(data)]
+    spec = log.parent / "spec"
+    spec.write_text(f"server {addr}\n")
+    args += ["--data-dir", str(data), "--cluster-spec", str(spec)]
     out, err = log.with_suffix(".out"), log.with_suffix(".err")
     t0 = time.perf_counter()
     with open(out, "wb") as o, open(err, "wb") as e:
