@@ -390,64 +390,87 @@ impl Index {
         }
     }
 
-    /// Rebuild an index from [`Index::write_image`]'s bytes. `hash_of(slot)` gives the key hash
-    /// of a slot that holds a live key, or `None` if the slot is not one; it must also refuse a
-    /// slot seen before, so every key is in the index once. Empty places keep whatever slot they
-    /// hold (never read), so writing the result again gives the same bytes. Whether each key is
-    /// reachable from its home bucket is the caller's check (it looks every key up).
-    pub(crate) fn from_image(
-        bytes: &[u8],
-        mut hash_of: impl FnMut(u32) -> Option<u64>,
-    ) -> Result<Index, String> {
+    /// Rebuild an index from [`Index::write_image`]'s bytes, checking only what one bucket can
+    /// say (flags and padding). Which keys the places hold, and whether each is reachable, is the
+    /// caller's check: [`Index::locate`] for every key, then [`Index::len`] equal to their count.
+    /// Empty places keep whatever slot they hold (never read), so writing the result again gives
+    /// the same bytes. `max_probe` starts at 0; the caller raises it with [`Index::set_max_probe`].
+    pub(crate) fn from_image(bytes: &[u8]) -> Result<Index, String> {
         if !bytes.len().is_multiple_of(BUCKET_BYTES) {
             return Err(format!(
                 "index length {} is not a multiple of {BUCKET_BYTES}",
                 bytes.len()
             ));
         }
-        let n = bytes.len() / BUCKET_BYTES;
         let u16_at = |at: usize| u16::from_le_bytes([bytes[at], bytes[at + 1]]);
         let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        let n = bytes.len() / BUCKET_BYTES;
         let mut buckets = Vec::with_capacity(n);
-        let (mut len, mut max_probe, mut spilled) = (0, 0, 0);
+        let (mut len, mut spilled) = (0, 0);
         for b in 0..n {
             let at = b * BUCKET_BYTES;
             let mut bucket = Bucket::default();
             for i in 0..WAYS {
                 bucket.tags[i] = u16_at(at + 2 * i);
                 bucket.slots[i] = u32_at(at + 2 * WAYS + 4 * i);
+                len += usize::from(bucket.tags[i] != 0);
             }
             bucket.overflow = u16_at(at + 6 * WAYS);
             if bucket.overflow > 1 || u16_at(at + 6 * WAYS + 2) != 0 {
                 return Err(format!("index bucket {b}: bad overflow flag or padding"));
             }
             spilled += usize::from(bucket.overflow);
-            for i in 0..WAYS {
-                if bucket.tags[i] == 0 {
-                    continue;
-                }
-                let slot = bucket.slots[i];
-                let h = hash_of(slot).ok_or_else(|| {
-                    format!("index bucket {b} place {i}: slot {slot} is not a key or is repeated")
-                })?;
-                if tag(h) != bucket.tags[i] {
-                    return Err(format!(
-                        "index bucket {b} place {i}: tag does not match its key"
-                    ));
-                }
-                // Distance from the key's home bucket, going forward with wrap-around.
-                max_probe = max_probe.max((b + n - home(h, n)) % n);
-                len += 1;
-            }
             buckets.push(bucket);
         }
         Ok(Index {
             buckets,
             len,
-            max_probe,
+            max_probe: 0,
             spilled,
             spilled_at_rebuild: spilled,
         })
+    }
+
+    /// For a key with hash `h` stored at `slot`: how many buckets past its home the place holding
+    /// (tag of `h`, `slot`) is, provided [`Index::find`] would stop there: every bucket passed has
+    /// its overflow flag, and no place before it with the same tag holds a slot for which
+    /// `same_key` says the key is equal (a duplicate that `find` would return instead). `None` if
+    /// `find` would not return this slot.
+    pub(crate) fn locate(
+        &self,
+        h: u64,
+        slot: u32,
+        mut same_key: impl FnMut(u32) -> bool,
+    ) -> Option<usize> {
+        if self.buckets.is_empty() {
+            return None;
+        }
+        let t = tag(h);
+        let mut b = self.home(h);
+        for d in 0..self.buckets.len() {
+            let bucket = &self.buckets[b];
+            for i in 0..WAYS {
+                if bucket.tags[i] == t {
+                    if bucket.slots[i] == slot {
+                        return Some(d);
+                    }
+                    if same_key(bucket.slots[i]) {
+                        return None;
+                    }
+                }
+            }
+            if bucket.overflow == 0 {
+                return None;
+            }
+            b = self.next(b);
+        }
+        None
+    }
+
+    /// Set the probe bound [`Index::find`] uses (after [`Index::from_image`]: the largest
+    /// [`Index::locate`] distance of any key).
+    pub(crate) fn set_max_probe(&mut self, max_probe: usize) {
+        self.max_probe = max_probe;
     }
 
     fn rebuild(&mut self, buckets: usize, hash_of: impl Fn(u32) -> u64) {
