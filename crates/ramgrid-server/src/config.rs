@@ -64,6 +64,11 @@ pub struct Config {
     /// With a token: close a connection that has not authenticated within this many seconds.
     #[arg(long, default_value_t = 10)]
     pub auth_timeout_secs: u64,
+    /// Data directory: tables created with durability "snapshot" write each sealed version
+    /// here and are loaded from it at start (docs/ARCHITECTURE.md, "Durable tables"). Without
+    /// it every table lives in memory only.
+    #[arg(long, env = "RAMGRID_DATA_DIR")]
+    pub data_dir: Option<std::path::PathBuf>,
     /// Allow listening on a non-loopback address without a token. Anyone who can reach the port can read and write everything.
     #[arg(long)]
     pub insecure_no_auth: bool,

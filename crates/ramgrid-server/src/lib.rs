@@ -10,6 +10,7 @@ pub mod config;
 pub mod conn;
 pub mod dispatch;
 pub mod native;
+pub mod persist;
 pub mod server;
 pub mod stats;
 

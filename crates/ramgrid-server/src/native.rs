@@ -61,9 +61,19 @@ pub struct NativeState {
     pub server_id: String,
     /// Largest request body accepted.
     pub max_body: usize,
+    /// The data directory (`--data-dir`), where snapshot tables are kept.
+    pub persist: Option<crate::persist::Persist>,
 }
 
 impl NativeState {
+    /// Rewrite a table's catalog in the data directory, if there is one and the table is durable.
+    fn sync_catalog(&self, name: &str) -> Result<(), ErrorReply> {
+        match &self.persist {
+            Some(p) => p.sync_table(&self.tables, name).map_err(disk_refusal),
+            None => Ok(()),
+        }
+    }
+
     /// Installs `spec` (from `--cluster-spec` or SET_SPEC) and recomputes which partitions of every
     /// table this server holds. Refuses a spec that does not list this server.
     pub fn install_spec(&self, spec: ClusterSpec) -> Result<u64, String> {
@@ -99,7 +109,7 @@ impl NativeState {
 }
 
 /// The partitions of `table` this server holds under `cluster` (all of them without a spec).
-fn held_partitions(cluster: Option<&ClusterState>, table: &TableSpec) -> Vec<u32> {
+pub(crate) fn held_partitions(cluster: Option<&ClusterState>, table: &TableSpec) -> Vec<u32> {
     match cluster {
         None => (0..table.partitions).collect(),
         Some(c) => match c.index {
@@ -302,6 +312,12 @@ fn reply_bound(state: &NativeState, get: &wire::KeyBatch<'_>) -> usize {
     }
 }
 
+/// A data-directory write that failed: the change is refused (or, where memory already changed,
+/// reported) with what failed.
+fn disk_refusal(e: String) -> ErrorReply {
+    ErrorReply::new(Status::Internal, format!("data directory: {e}"))
+}
+
 /// Maps a store error to the frame-level refusal the protocol defines.
 fn refusal(e: &StoreError) -> ErrorReply {
     let status = match e {
@@ -404,13 +420,22 @@ impl Conn {
                     incarnation: c.incarnation,
                 };
                 let held = held_partitions(state.cluster.read().as_ref(), &spec);
+                let name = spec.name.clone();
                 state
                     .tables
                     .create_table(spec, &held)
                     .map_err(|e| refusal(&e))?;
+                if let Err(e) = state.sync_catalog(&name) {
+                    // Not durable, so not created: a table that says "snapshot" must be on disk.
+                    let _ = state.tables.drop_table(&name);
+                    return Err(e);
+                }
                 done(out, Response::Done)
             }
             Request::DropTable { name } => {
+                if let (Some(p), Ok(info)) = (&state.persist, state.tables.describe(name)) {
+                    p.drop_table(&info.spec).map_err(disk_refusal)?;
+                }
                 state.tables.drop_table(name).map_err(|e| refusal(&e))?;
                 done(out, Response::Done)
             }
@@ -439,6 +464,13 @@ impl Conn {
                     ));
                 }
                 let n = v.version;
+                if let (Request::SealVersion(_), Some(p)) = (req, &state.persist) {
+                    p.seal(&state.tables, v.table, n).map_err(|e| match e {
+                        crate::persist::SealError::Store(e) => refusal(&e),
+                        crate::persist::SealError::Disk(e) => disk_refusal(e),
+                    })?;
+                    return done(out, Response::Done);
+                }
                 let r = match req {
                     Request::CreateVersion(_) => state.tables.create_version(v.table, n),
                     Request::SealVersion(_) => state.tables.seal_version(v.table, n),
@@ -446,6 +478,12 @@ impl Conn {
                     _ => state.tables.drop_version(v.table, n, false),
                 };
                 r.map_err(|e| refusal(&e))?;
+                if let (Request::DropVersion(_), Some(p)) = (req, &state.persist) {
+                    p.drop_version(&state.tables, v.table, n)
+                        .map_err(disk_refusal)?;
+                } else {
+                    state.sync_catalog(v.table)?;
+                }
                 done(out, Response::Done)
             }
             Request::SetSpec { spec } => {

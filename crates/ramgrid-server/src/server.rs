@@ -142,6 +142,10 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         token: config.token.clone(),
         server_id: addr.to_string(),
         max_body: config.max_body(),
+        persist: match &config.data_dir {
+            Some(dir) => Some(crate::persist::Persist::open(dir).map_err(anyhow::Error::msg)?),
+            None => None,
+        },
     });
     if let Some(path) = &config.cluster_spec {
         let text = std::fs::read_to_string(path)
@@ -151,6 +155,31 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         native
             .install_spec(spec)
             .map_err(|e| anyhow::anyhow!("cluster spec {}: {e}", path.display()))?;
+    }
+
+    if let Some(p) = &native.persist {
+        // Before any connection is served: a client never sees a table half loaded.
+        let cluster = native.cluster.read().clone();
+        let loaded = p.load(
+            &native.tables,
+            |spec| crate::native::held_partitions(cluster.as_ref(), spec),
+            |msg| eprintln!("ramgrid-server: data dir: {msg}"),
+        );
+        for l in loaded {
+            eprintln!(
+                "ramgrid-server: loaded table {:?}: versions {:?}, {} items, {} bytes, {:.0} ms{}",
+                l.name,
+                l.versions,
+                l.items,
+                l.bytes,
+                l.seconds * 1e3,
+                if l.missing.is_empty() {
+                    String::new()
+                } else {
+                    format!(", partitions refused (version, partition): {:?}", l.missing)
+                }
+            );
+        }
     }
 
     let (stop_tx, stop_rx) = watch::channel(false);

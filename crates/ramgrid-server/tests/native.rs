@@ -392,3 +392,72 @@ fn expect_closed_can_fail() {
     assert_eq!(c.call(Request::Ping), Status::Ok);
     c.expect_closed();
 }
+
+/// A fresh, empty directory under the system temp dir for one test.
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("ramgrid-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// With --data-dir, SEAL of a snapshot table is acknowledged only once its images are on disk:
+/// when they cannot be written the SEAL is refused and the version stays unsealed (it cannot be
+/// made current); a retry after the fault seals it. A server started again on the same data dir
+/// serves the sealed version, and a dropped table leaves nothing behind.
+#[test]
+fn a_seal_is_durable_before_it_is_acknowledged() {
+    let dir = temp_dir("durable");
+    let data = dir.to_str().unwrap();
+    let h = server(&["--data-dir", data]);
+    let mut c = Conn::open(&h);
+    assert_eq!(c.hello(b""), Status::Ok);
+    let create = CreateTable {
+        name: "d",
+        partitions: 4,
+        replication: 1,
+        value_type: ValueType::F64,
+        durability: Durability::Snapshot,
+        incarnation: 0xabc,
+    };
+    assert_eq!(c.call(Request::CreateTable(create)), Status::Ok);
+    let table_dir = dir.join("tables/d-0000000000000abc");
+    assert!(
+        table_dir.join("catalog").is_file(),
+        "create writes the catalog"
+    );
+    let v = |version| VersionRef {
+        table: "d",
+        version,
+    };
+    assert_eq!(c.call(Request::CreateVersion(v(2))), Status::Ok);
+    assert_eq!(
+        put_f64(&mut c, "d", 2, 0, 4, &["a", "b"], &[1.5, 2.5]),
+        vec![0, 0]
+    );
+    // A file where the version's directory must go: writing the snapshot fails.
+    std::fs::write(table_dir.join("v2"), b"in the way").unwrap();
+    assert_eq!(c.call(Request::SealVersion(v(2))), Status::Internal);
+    assert_eq!(
+        c.call(Request::SetCurrent(v(2))),
+        Status::VersionNotSealed,
+        "a seal that is not on disk must not count"
+    );
+    std::fs::remove_file(table_dir.join("v2")).unwrap();
+    assert_eq!(c.call(Request::SealVersion(v(2))), Status::Ok);
+    assert_eq!(c.call(Request::SetCurrent(v(2))), Status::Ok);
+    assert!(table_dir.join("v2/p0.img").is_file());
+    h.shutdown();
+
+    let h = server(&["--data-dir", data]);
+    let mut c = Conn::open(&h);
+    assert_eq!(c.hello(b""), Status::Ok);
+    assert_eq!(
+        get_f64(&mut c, "d", 0, 4, &["a", "b", "z"]),
+        Ok(vec![Some(1.5), Some(2.5), None])
+    );
+    assert_eq!(c.call(Request::DropTable { name: "d" }), Status::Ok);
+    assert!(!table_dir.exists(), "a dropped table's files are removed");
+    h.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -37,6 +37,9 @@ pub(crate) fn prefetch<T>(p: *const T) {
 /// Places per bucket.
 const WAYS: usize = 10;
 
+/// Bytes of one bucket, in memory and in a partition image.
+pub(crate) const BUCKET_BYTES: usize = 64;
+
 /// Average keys per bucket above which the index grows (80% of the places).
 const MAX_LOAD: usize = 8;
 
@@ -369,6 +372,107 @@ impl Index {
         }
     }
 
+    /// Append the buckets as the partition image stores them (docs/partition-image.md, section
+    /// 0): per bucket, ten u16 LE tags, ten u32 LE slots, u16 LE overflow, u16 zero; 64 bytes,
+    /// which is also the in-memory layout of [`Bucket`] on a little-endian machine. Slots are
+    /// key-arena positions, not addresses, so the bytes mean the same wherever they are loaded.
+    pub(crate) fn write_image(&self, out: &mut Vec<u8>) {
+        out.reserve(self.buckets.len() * BUCKET_BYTES);
+        for b in &self.buckets {
+            for t in b.tags {
+                out.extend_from_slice(&t.to_le_bytes());
+            }
+            for s in b.slots {
+                out.extend_from_slice(&s.to_le_bytes());
+            }
+            out.extend_from_slice(&b.overflow.to_le_bytes());
+            out.extend_from_slice(&0u16.to_le_bytes());
+        }
+    }
+
+    /// Rebuild an index from [`Index::write_image`]'s bytes, checking only what one bucket can
+    /// say (flags and padding). Which keys the places hold, and whether each is reachable, is the
+    /// caller's check: [`Index::locate`] for every key, then [`Index::len`] equal to their count.
+    /// Empty places keep whatever slot they hold (never read), so writing the result again gives
+    /// the same bytes. `max_probe` starts at 0; the caller raises it with [`Index::set_max_probe`].
+    pub(crate) fn from_image(bytes: &[u8]) -> Result<Index, String> {
+        if !bytes.len().is_multiple_of(BUCKET_BYTES) {
+            return Err(format!(
+                "index length {} is not a multiple of {BUCKET_BYTES}",
+                bytes.len()
+            ));
+        }
+        let u16_at = |at: usize| u16::from_le_bytes([bytes[at], bytes[at + 1]]);
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        let n = bytes.len() / BUCKET_BYTES;
+        let mut buckets = Vec::with_capacity(n);
+        let (mut len, mut spilled) = (0, 0);
+        for b in 0..n {
+            let at = b * BUCKET_BYTES;
+            let mut bucket = Bucket::default();
+            for i in 0..WAYS {
+                bucket.tags[i] = u16_at(at + 2 * i);
+                bucket.slots[i] = u32_at(at + 2 * WAYS + 4 * i);
+                len += usize::from(bucket.tags[i] != 0);
+            }
+            bucket.overflow = u16_at(at + 6 * WAYS);
+            if bucket.overflow > 1 || u16_at(at + 6 * WAYS + 2) != 0 {
+                return Err(format!("index bucket {b}: bad overflow flag or padding"));
+            }
+            spilled += usize::from(bucket.overflow);
+            buckets.push(bucket);
+        }
+        Ok(Index {
+            buckets,
+            len,
+            max_probe: 0,
+            spilled,
+            spilled_at_rebuild: spilled,
+        })
+    }
+
+    /// For a key with hash `h` stored at `slot`: how many buckets past its home the place holding
+    /// (tag of `h`, `slot`) is, provided [`Index::find`] would stop there: every bucket passed has
+    /// its overflow flag, and no place before it with the same tag holds a slot for which
+    /// `same_key` says the key is equal (a duplicate that `find` would return instead). `None` if
+    /// `find` would not return this slot.
+    pub(crate) fn locate(
+        &self,
+        h: u64,
+        slot: u32,
+        mut same_key: impl FnMut(u32) -> bool,
+    ) -> Option<usize> {
+        if self.buckets.is_empty() {
+            return None;
+        }
+        let t = tag(h);
+        let mut b = self.home(h);
+        for d in 0..self.buckets.len() {
+            let bucket = &self.buckets[b];
+            for i in 0..WAYS {
+                if bucket.tags[i] == t {
+                    if bucket.slots[i] == slot {
+                        return Some(d);
+                    }
+                    if same_key(bucket.slots[i]) {
+                        return None;
+                    }
+                }
+            }
+            if bucket.overflow == 0 {
+                return None;
+            }
+            b = self.next(b);
+        }
+        None
+    }
+
+    /// Set the probe bound [`Index::find`] uses (after [`Index::from_image`]: the largest
+    /// [`Index::locate`] distance of any key).
+    pub(crate) fn set_max_probe(&mut self, max_probe: usize) {
+        self.max_probe = max_probe;
+    }
+
     fn rebuild(&mut self, buckets: usize, hash_of: impl Fn(u32) -> u64) {
         let old = std::mem::replace(&mut self.buckets, vec![Bucket::default(); buckets]);
         self.len = 0;
@@ -515,7 +619,7 @@ mod tests {
 
     #[test]
     fn a_bucket_is_one_cache_line() {
-        assert_eq!(std::mem::size_of::<Bucket>(), 64);
+        assert_eq!(std::mem::size_of::<Bucket>(), BUCKET_BYTES);
         assert_eq!(std::mem::align_of::<Bucket>(), 64);
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod cache;
 pub mod clock;
+pub mod image;
 mod index;
 pub mod memory;
 pub mod tables;
@@ -73,6 +74,9 @@ pub enum Error {
     /// A malformed argument (bad spec, partition out of range, malformed packed values).
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// A partition image (docs/partition-image.md) failed validation; says what is wrong.
+    #[error("corrupt partition image: {0}")]
+    CorruptImage(String),
 }
 
 /// A stable, matchable classification of [`Error`].
@@ -103,6 +107,8 @@ pub enum ErrorKind {
     WrongType,
     /// See [`Error::Invalid`].
     Invalid,
+    /// See [`Error::CorruptImage`].
+    CorruptImage,
 }
 
 impl Error {
@@ -121,6 +127,7 @@ impl Error {
             Error::NotHeld(_) => ErrorKind::NotHeld,
             Error::WrongType => ErrorKind::WrongType,
             Error::Invalid(_) => ErrorKind::Invalid,
+            Error::CorruptImage(_) => ErrorKind::CorruptImage,
         }
     }
 }

@@ -44,7 +44,7 @@
 //! could still copy it) until its version or table is dropped. A scan visits one partition of one
 //! version, so its cost is proportional to that partition's items, not to the server's.
 
-mod partition;
+pub(crate) mod partition;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -256,6 +256,9 @@ struct Version {
     number: u32,
     sealed: AtomicBool,
     parts: Box<[PartSlot]>,
+    /// Partitions whose data this store should have but does not (an image that failed to load):
+    /// reads of them are refused as not held rather than answered as misses. Empty = none.
+    missing: Box<[bool]>,
     /// Bytes charged for the slot array itself.
     overhead: usize,
     meter: Arc<Meter>,
@@ -283,6 +286,7 @@ impl Version {
             number,
             sealed: AtomicBool::new(false),
             parts,
+            missing: Box::new([]),
             overhead,
             meter: meter.clone(),
         })
@@ -379,10 +383,41 @@ impl TableVersion {
                 spec.name, spec.partitions
             )));
         }
-        if !self.held[partition as usize] {
+        if !self.held[partition as usize] || self.is_missing(partition) {
             return Err(Error::NotHeld(partition));
         }
         Ok(&self.version.parts[partition as usize])
+    }
+
+    /// Whether this version's data of `partition` is missing here (its image failed to load).
+    pub fn is_missing(&self, partition: u32) -> bool {
+        self.version
+            .missing
+            .get(partition as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// The flat image (docs/partition-image.md) of one partition of this version, held or not
+    /// (a partition that is leaving can still be copied). Only a sealed version has images:
+    /// [`Error::VersionOpen`] otherwise.
+    pub fn partition_image(&self, partition: u32) -> Result<Vec<u8>> {
+        let spec = &self.table.spec;
+        if partition >= spec.partitions {
+            return Err(Error::Invalid(format!(
+                "partition {partition} out of range: table {} has {} partitions",
+                spec.name, spec.partitions
+            )));
+        }
+        if self.is_missing(partition) {
+            return Err(Error::NotHeld(partition));
+        }
+        let Some(data) = self.version.parts[partition as usize].frozen.get() else {
+            return Err(Error::VersionOpen(self.version.number));
+        };
+        let mut out = Vec::new();
+        crate::image::write_image(data, &mut out).map_err(|e| Error::Invalid(e.to_string()))?;
+        Ok(out)
     }
 
     /// Run `f` over one partition. Reads of an OPEN version hold the partition's read lock during
@@ -948,9 +983,20 @@ impl Tables {
     /// later reads take no lock. A put racing with the seal lands before it or gets
     /// [`Error::VersionSealed`], per partition.
     pub fn seal_version(&self, name: &str, version: u32) -> Result<()> {
-        let table = self.table(name)?;
-        let v = table.state.read().lookup(version)?;
-        for slot in v.parts.iter() {
+        let v = self.freeze_version(name, version)?;
+        v.version.sealed.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// The first half of [`Tables::seal_version`]: compact every partition and stop taking
+    /// writes (they get [`Error::VersionSealed`]), but do not mark the version sealed yet, so it
+    /// cannot be made current and describes as open. A server that must make the version durable
+    /// before acknowledging the seal writes its images from the returned handle
+    /// ([`TableVersion::partition_image`]) in between; if that fails the version stays unsealed
+    /// (and frozen: a later seal retries, or the version is dropped).
+    pub fn freeze_version(&self, name: &str, version: u32) -> Result<TableVersion> {
+        let tv = self.at(name, version)?;
+        for slot in tv.version.parts.iter() {
             let mut open = slot.open.write();
             if let Some(mut data) = open.take() {
                 data.freeze();
@@ -960,7 +1006,104 @@ impl Tables {
                     .expect("a slot is frozen only once, under its write lock");
             }
         }
+        Ok(tv)
+    }
+
+    /// Add version `version` (> 0, not existing), already sealed, built from partition images
+    /// (docs/partition-image.md): `images` gives (partition, image) pairs, `missing` the
+    /// partitions whose data should be here but could not be had (reads of them are refused as
+    /// [`Error::NotHeld`]); every other partition is empty. Each image is validated completely
+    /// and charged to the tables' budget; on any error ([`Error::CorruptImage`] naming the
+    /// partition, [`Error::OutOfMemory`]) nothing is added.
+    pub fn install_version(
+        &self,
+        name: &str,
+        version: u32,
+        images: &[(u32, &[u8])],
+        missing: &[u32],
+    ) -> Result<()> {
+        self.install_version_with(name, version, images, missing, |_, _| false)
+    }
+
+    /// [`Tables::install_version`], asking `on_bad(partition, error)` about each image that
+    /// cannot be installed (corrupt, or over the budget): `true` installs the version with that
+    /// partition missing (as a restarting server does, after reporting the file), `false`
+    /// refuses the whole version with that error.
+    pub fn install_version_with(
+        &self,
+        name: &str,
+        version: u32,
+        images: &[(u32, &[u8])],
+        missing: &[u32],
+        mut on_bad: impl FnMut(u32, &Error) -> bool,
+    ) -> Result<()> {
+        if version == 0 {
+            return Err(Error::Invalid(
+                "version 0 means current; versions start at 1".into(),
+            ));
+        }
+        let table = self.table(name)?;
+        let spec = &table.spec;
+        if table.state.read().versions.contains_key(&version) {
+            return Err(Error::VersionExists(version));
+        }
+        let mut v = Version::new(version, spec, &self.meter)?;
+        let mut lost: Vec<u32> = missing.to_vec();
+        for &(p, img) in images {
+            let slot = v.parts.get_mut(p as usize).ok_or_else(|| {
+                Error::Invalid(format!("partition {p} out of range 0..{}", spec.partitions))
+            })?;
+            let data =
+                crate::image::read_image(img, Some(spec.value_type), &self.meter).map_err(|e| {
+                    match e {
+                        Error::CorruptImage(what) => {
+                            Error::CorruptImage(format!("partition {p}: {what}"))
+                        }
+                        e => e,
+                    }
+                });
+            match data {
+                Ok(data) => *slot.open.get_mut() = Some(data),
+                Err(e) if on_bad(p, &e) => lost.push(p),
+                Err(e) => return Err(e),
+            }
+        }
+        let mut lost_mask = vec![false; spec.partitions as usize];
+        for &p in &lost {
+            *lost_mask.get_mut(p as usize).ok_or_else(|| {
+                Error::Invalid(format!("partition {p} out of range 0..{}", spec.partitions))
+            })? = true;
+        }
+        if lost_mask.contains(&true) {
+            v.missing = lost_mask.into();
+        }
+        for slot in v.parts.iter_mut() {
+            if let Some(mut data) = slot.open.get_mut().take() {
+                // Images are frozen already; empty partitions become so here.
+                data.freeze();
+                slot.frozen
+                    .set(data)
+                    .expect("a new version's slots are empty");
+            }
+        }
         v.sealed.store(true, Ordering::Release);
+        let mut st = table.state.write();
+        if st.versions.contains_key(&version) {
+            return Err(Error::VersionExists(version));
+        }
+        // The same contents under the same number (a copy of a sealed version), so the number
+        // may be at or below the mark; the mark only rises.
+        st.high_water = st.high_water.max(version);
+        st.versions.insert(version, Arc::new(v));
+        Ok(())
+    }
+
+    /// Raise a table's version high-water mark to at least `high_water` (a restarted server
+    /// restoring the mark its catalog kept, so dropped numbers stay unused).
+    pub fn raise_high_water(&self, name: &str, high_water: u32) -> Result<()> {
+        let table = self.table(name)?;
+        let mut st = table.state.write();
+        st.high_water = st.high_water.max(high_water);
         Ok(())
     }
 

@@ -53,7 +53,7 @@ pub(crate) use crate::memory::Budget as Meter;
 
 /// The typed value column.
 #[derive(Debug)]
-enum Column {
+pub(crate) enum Column {
     I64(Vec<i64>),
     F64(Vec<f64>),
     F32 {
@@ -91,14 +91,14 @@ fn target(len: usize, cap: usize, add: usize, exact: bool) -> Option<usize> {
 }
 
 #[inline]
-fn read_u32(buf: &[u8], at: usize) -> u32 {
+pub(crate) fn read_u32(buf: &[u8], at: usize) -> u32 {
     let b: [u8; 4] = buf[at..at + 4].try_into().expect("4-byte slice");
     u32::from_le_bytes(b)
 }
 
 /// Bytes of a key record: header (length, entry number), key, padding to 4.
 #[inline]
-fn key_record_len(key_len: usize) -> usize {
+pub(crate) fn key_record_len(key_len: usize) -> usize {
     (8 + key_len + 3) & !3
 }
 
@@ -107,7 +107,7 @@ const MAX_KEY_ARENA: usize = (u32::MAX as usize + 1) * 4;
 
 /// The key of the record at `slot`.
 #[inline]
-fn key_at(keys: &[u8], slot: u32) -> &[u8] {
+pub(crate) fn key_at(keys: &[u8], slot: u32) -> &[u8] {
     let at = slot as usize * 4;
     let len = read_u32(keys, at) as usize;
     &keys[at + 8..at + 8 + len]
@@ -133,7 +133,7 @@ fn key_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// The entry number stored in the record at `slot`.
 #[inline]
-fn entry_at(keys: &[u8], slot: u32) -> usize {
+pub(crate) fn entry_at(keys: &[u8], slot: u32) -> usize {
     read_u32(keys, slot as usize * 4 + 4) as usize
 }
 
@@ -154,7 +154,7 @@ fn push_key(keys: &mut Vec<u8>, key: &[u8], entry: usize) -> u32 {
 
 /// The whole record (length prefix included) at arena offset `off`.
 #[inline]
-fn record_at(arena: &[u8], off: u64) -> &[u8] {
+pub(crate) fn record_at(arena: &[u8], off: u64) -> &[u8] {
     let off = off as usize;
     let len = read_u32(arena, off) as usize;
     &arena[off..off + 4 + len]
@@ -223,11 +223,12 @@ fn shrink_vec<T>(v: &mut Vec<T>) -> bool {
 /// Storage of one partition of one version. Never shared mutably without the slot's lock.
 #[derive(Debug)]
 pub(crate) struct PartData {
-    keys: Vec<u8>,
-    key_offs: Vec<u32>,
-    key_garbage: usize,
-    index: Index,
-    col: Column,
+    // The fields are visible to `crate::image`, which writes and rebuilds them.
+    pub(crate) keys: Vec<u8>,
+    pub(crate) key_offs: Vec<u32>,
+    pub(crate) key_garbage: usize,
+    pub(crate) index: Index,
+    pub(crate) col: Column,
     /// Bytes charged to the meter for this partition; always equals `self.allocated()` between calls.
     charged: usize,
     meter: Arc<Meter>,
@@ -265,6 +266,29 @@ impl PartData {
         }
     }
 
+    /// A partition made of parts that `crate::image` validated, with `charged_ahead` bytes
+    /// already taken from `meter` for them (settled against what they really allocated).
+    pub(crate) fn from_parts(
+        keys: Vec<u8>,
+        key_offs: Vec<u32>,
+        index: Index,
+        col: Column,
+        meter: Arc<Meter>,
+        charged_ahead: usize,
+    ) -> Self {
+        let mut d = PartData {
+            keys,
+            key_offs,
+            key_garbage: 0,
+            index,
+            col,
+            charged: 0,
+            meter,
+        };
+        d.settle(charged_ahead);
+        d
+    }
+
     /// Number of live entries.
     pub(crate) fn len(&self) -> usize {
         self.key_offs.len()
@@ -288,7 +312,7 @@ impl PartData {
 
     /// Re-read the real allocation after a growth that was charged `charged_ahead` bytes in
     /// advance, and settle the difference with the meter.
-    fn settle(&mut self, charged_ahead: usize) {
+    pub(crate) fn settle(&mut self, charged_ahead: usize) {
         let expected = self.charged + charged_ahead;
         let actual = self.allocated();
         if actual <= expected {
