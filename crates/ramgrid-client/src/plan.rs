@@ -125,9 +125,15 @@ impl std::str::FromStr for Ack {
 }
 
 /// Per-key acknowledgement tally of one write batch, and the first refusal seen for each key.
+///
+/// A key fails when fewer replicas than required stored it, or when any replica that answered
+/// refused it (out of memory, too large...): replicas that answered never disagree silently about an
+/// acknowledged key. Only a replica that did not answer (down, timed out) counts merely as a
+/// missing acknowledgement, which `ack = one | majority` tolerates.
 #[derive(Debug)]
 pub struct AckTally {
     acks: Vec<u8>,
+    refused: Vec<bool>,
     reasons: Vec<(u32, String)>,
 }
 
@@ -136,6 +142,7 @@ impl AckTally {
     pub fn new(n: usize) -> AckTally {
         AckTally {
             acks: vec![0; n],
+            refused: vec![false; n],
             reasons: Vec::new(),
         }
     }
@@ -146,8 +153,15 @@ impl AckTally {
         self.acks[i as usize] = self.acks[i as usize].saturating_add(1);
     }
 
-    /// Key `i` was refused (or not answered) by one replica, for `why`.
+    /// Key `i` was refused by a replica that answered, for `why`: the key fails whatever the
+    /// acknowledgement level.
     pub fn refuse(&mut self, i: u32, why: impl FnOnce() -> String) {
+        self.refused[i as usize] = true;
+        self.reasons.push((i, why()));
+    }
+
+    /// Key `i` was not answered by one replica (down, failed mid-call), for `why`.
+    pub fn unanswered(&mut self, i: u32, why: impl FnOnce() -> String) {
         self.reasons.push((i, why()));
     }
 
@@ -172,7 +186,7 @@ impl AckTally {
                     first = Some(why);
                 }
             }
-            if (a as usize) < required(i) {
+            if (a as usize) < required(i) || self.refused[i] {
                 out.push((
                     i,
                     first.unwrap_or_else(|| "not acknowledged by enough replicas".to_string()),
@@ -246,9 +260,9 @@ mod tests {
             }
         }
         t.refuse(3, || "VALUE_TOO_LARGE".into());
-        t.refuse(2, || "127.0.0.1:1 unreachable".into());
+        t.unanswered(2, || "127.0.0.1:1 unreachable".into());
         t.refuse(3, || "second".into());
-        t.refuse(1, || "127.0.0.1:2 timed out".into());
+        t.unanswered(1, || "127.0.0.1:2 timed out".into());
         assert_eq!(t.acks(1), 2);
         let maj = Ack::Majority.required(3);
         let f = t.failures(|_| maj);
@@ -259,6 +273,15 @@ mod tests {
                 (3, "VALUE_TOO_LARGE".to_string())
             ]
         );
+
+        // A key stored by one replica and refused by another fails even at ack = one: the
+        // replicas that answered would disagree about it.
+        let mut t = AckTally::new(2);
+        t.ack(0);
+        t.ack(1);
+        t.refuse(1, || "OUT_OF_MEMORY from 127.0.0.1:3".into());
+        let f = t.failures(|_| Ack::One.required(2));
+        assert_eq!(f, vec![(1, "OUT_OF_MEMORY from 127.0.0.1:3".to_string())]);
 
         let mut t = AckTally::new(2);
         t.ack(0);

@@ -129,7 +129,7 @@ impl Client {
             for &s in map.replicas(p).iter().filter(|&&s| !live(s)) {
                 let why = format!("{} is down (failed recently)", topo.pools[s as usize].addr);
                 for &j in by_part.row(p as usize) {
-                    tally.refuse(j, || why.clone());
+                    tally.unanswered(j, || why.clone());
                 }
                 skipped.push(why);
             }
@@ -261,7 +261,7 @@ impl Client {
             outcome.detail.push(format!("{}: {e}", topo.pools[*s].addr));
             for &p in per_server.row(*s) {
                 for &j in by_part.row(p as usize) {
-                    tally.refuse(j, || format!("{}: {e}", topo.pools[*s].addr));
+                    tally.unanswered(j, || format!("{}: {e}", topo.pools[*s].addr));
                 }
             }
         }
