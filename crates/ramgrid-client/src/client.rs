@@ -484,11 +484,26 @@ impl Client {
         match self.fetch_spec(topo, s)? {
             Some(spec) if spec.epoch() != topo.epoch => self.adopt(spec),
             Some(_) => {}
+            // A server of our spec that has none (it restarted empty): give it ours, as
+            // `push_spec` would, so it refuses what it lacks (NO_SUCH_TABLE, and reads go to the
+            // replicas) instead of every request failing on its epoch. A server the spec does not
+            // list refuses it, and the call fails as before.
             None => {
-                return Err(Error::StaleSpec(format!(
-                    "{} has no cluster spec installed (push one with push_spec)",
-                    topo.pools[s].addr
-                )))
+                let text = topo.spec.to_text();
+                self.request(
+                    &topo.pools[s],
+                    &Request::SetSpec {
+                        spec: text.as_bytes(),
+                    },
+                    |resp| match resp {
+                        Response::SpecSet { .. } => Ok(()),
+                        Response::Error(e) => Err(Error::StaleSpec(format!(
+                            "{} has no cluster spec installed and refused ours: {}",
+                            topo.pools[s].addr, e.message
+                        ))),
+                        other => Err(unexpected(&topo.pools[s].addr, &other)),
+                    },
+                )?;
             }
         }
         Ok(())
@@ -531,47 +546,26 @@ impl Client {
     // ------------------------------------------------------------------------------------------
     // Tables and versions
 
-    /// A table's shape (partitions, replication, value type), cached after the first ask.
+    /// A table's shape (partitions, replication, value type, incarnation), cached after the first
+    /// ask. Every server that is up is asked, and the incarnation most of them hold wins: a server
+    /// that lost the table (restarted empty) or holds another incarnation of its name (created
+    /// there again) is outvoted, and then refuses the frames that name this one, so reads fail over
+    /// to replicas that have it. A tie is an error, never a guess.
     pub fn table_meta(&self, table: &str) -> Result<TableMeta> {
         let _call = self.call();
         if let Some(m) = self.inner.tables.read().get(table) {
             return Ok(*m);
         }
         let topo = self.topology();
-        let mut last = None;
-        for s in topo.healthiest_first() {
-            let mut meta = None;
-            let r = self.request(
-                &topo.pools[s],
-                &Request::DescribeTable { name: table },
-                |resp| match resp {
-                    Response::Table(t) => {
-                        meta = Some(TableMeta {
-                            partitions: t.partitions,
-                            replication: t.replication,
-                            value_type: t.value_type,
-                            incarnation: t.incarnation,
-                        });
-                        Ok(())
-                    }
-                    Response::Error(e) if e.status == Status::NoSuchTable => {
-                        Err(Error::TableNotFound(table.to_string()))
-                    }
-                    Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, table, 0, e)),
-                    other => Err(unexpected(&topo.pools[s].addr, &other)),
-                },
-            );
-            match (r, meta) {
-                (Ok(()), Some(m)) => {
-                    self.inner.tables.write().insert(table.to_string(), m);
-                    return Ok(m);
-                }
-                (Err(e), _) if e.is_transport() => last = Some(e),
-                (Err(e), _) => return Err(e),
-                (Ok(()), None) => {}
-            }
-        }
-        Err(last.unwrap_or_else(|| Error::TableNotFound(table.to_string())))
+        let (answers, _unreachable) = self.ask_live(
+            &topo,
+            &Request::DescribeTable { name: table },
+            describe_answer(&topo, table),
+        )?;
+        let infos: Vec<TableInfo> = answers.into_iter().flatten().flatten().collect();
+        let meta = agreed_meta(table, &infos)?;
+        self.inner.tables.write().insert(table.to_string(), meta);
+        Ok(meta)
     }
 
     /// Creates a table on every server, with an open version 1 that is current, kept in memory
@@ -705,10 +699,10 @@ impl Client {
             &Request::DescribeTable { name },
             describe_answer(&topo, name),
         )?;
-        let infos: Vec<TableInfo> = answers.into_iter().flatten().flatten().collect();
-        if infos.is_empty() {
-            return Err(Error::TableNotFound(name.to_string()));
-        }
+        let mut infos: Vec<TableInfo> = answers.into_iter().flatten().flatten().collect();
+        // Servers holding another incarnation of the name (outvoted) describe another table.
+        let agreed = agreed_meta(name, &infos)?.incarnation;
+        infos.retain(|t| t.incarnation == agreed);
         Ok(aggregate(&topo, &infos, unreachable))
     }
 
@@ -971,6 +965,38 @@ fn refusal_err(addr: &str, table: &str, version: u32, e: ErrorReply) -> Error {
     match refusal(0, addr, table, version, e) {
         OpError::Fatal(e) => e,
         OpError::Stale(_, m) => Error::StaleSpec(m),
+    }
+}
+
+/// The table as most servers that answered hold it (by incarnation).
+fn agreed_meta(table: &str, infos: &[TableInfo]) -> Result<TableMeta> {
+    let mut counts: Vec<(u64, usize, &TableInfo)> = Vec::new();
+    for t in infos {
+        match counts.iter_mut().find(|(inc, _, _)| *inc == t.incarnation) {
+            Some(c) => c.1 += 1,
+            None => counts.push((t.incarnation, 1, t)),
+        }
+    }
+    counts.sort_by(|a, b| b.1.cmp(&a.1));
+    match counts.as_slice() {
+        [] => Err(Error::TableNotFound(table.to_string())),
+        [(_, n, _), (_, m, _), ..] if n == m => Err(Error::Protocol {
+            server: String::new(),
+            message: format!(
+                "servers disagree about table {table}: as many hold one incarnation as another ({})",
+                counts
+                    .iter()
+                    .map(|(inc, n, _)| format!("{inc:016x} on {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }),
+        [(_, _, t), ..] => Ok(TableMeta {
+            partitions: t.partitions,
+            replication: t.replication,
+            value_type: t.value_type,
+            incarnation: t.incarnation,
+        }),
     }
 }
 

@@ -357,6 +357,7 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
         let mut failed = vec![false; servers];
         let mut unavailable: Vec<u32> = Vec::new();
         let mut why: Vec<String> = Vec::new();
+        let mut lost_table = false;
         let mut assign = vec![usize::MAX; self.map.partitions() as usize];
         while !todo.is_empty() {
             for &p in &todo {
@@ -416,6 +417,17 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
                             message: e.message,
                         }))
                     }
+                    // This server lost the table (restarted empty) or holds another incarnation
+                    // of its name: read its partitions from their other replicas. If none has
+                    // them, the call ends as TableNotFound (below), never as misses.
+                    Response::Error(e) if e.status == Status::NoSuchTable => {
+                        lost_table = true;
+                        Ok(Handled::Failed(Error::Server {
+                            server: addr.clone(),
+                            status: "NO_SUCH_TABLE",
+                            message: e.message,
+                        }))
+                    }
                     Response::Error(e) => Err(refusal(s, addr, table, version, e)),
                     other => Ok(Handled::Failed(unexpected(addr, &other))),
                 }
@@ -431,6 +443,11 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
         }
         if unavailable.is_empty() {
             return Ok(());
+        }
+        if lost_table && why.iter().all(|w| w.contains("NO_SUCH_TABLE")) {
+            // Dropped (or created again) on the servers that should have held these partitions:
+            // the caller forgets what it knew of the table and, for the current version, asks again.
+            return Err(OpError::Fatal(Error::TableNotFound(table.to_string())));
         }
         unavailable.sort_unstable();
         unavailable.dedup();

@@ -85,7 +85,14 @@ impl Client {
                             });
                         }
                     }
-                    Err(OpError::Fatal(e)) => return Err(e),
+                    Err(OpError::Fatal(e)) => {
+                        if matches!(e, Error::TableNotFound(_)) {
+                            // Dropped, or created again: what we knew of it is stale. A write is
+                            // not retried into a table that may be another one.
+                            self.inner.tables.write().remove(table);
+                        }
+                        return Err(e);
+                    }
                 }
             }
         }
@@ -124,6 +131,7 @@ impl Client {
                 .collect::<SmallVec>()
         });
         let mut tally = AckTally::new(idx.len());
+        let (mut answered, mut lost_table) = (0usize, 0usize);
         let mut skipped = Vec::new();
         for &p in &busy {
             for &s in map.replicas(p).iter().filter(|&&s| !live(s)) {
@@ -200,6 +208,7 @@ impl Client {
                 let row = per_server.row(s);
                 match resp {
                     Response::KeyStatuses(st) => {
+                        answered += 1;
                         let expected: usize =
                             row.iter().map(|&p| by_part.row(p as usize).len()).sum();
                         if st.len() != expected {
@@ -242,11 +251,27 @@ impl Client {
                         }
                         Ok(Handled::Ok)
                     }
+                    // This replica lost the table (restarted empty) or holds another incarnation
+                    // of its name: its keys are refused there (so not acknowledged), the other
+                    // replicas' writes stand. If no server has the table, the call fails whole.
+                    Response::Error(e) if e.status == Status::NoSuchTable => {
+                        lost_table += 1;
+                        let why = format!("NO_SUCH_TABLE from {addr}: {}", e.message);
+                        for &p in row {
+                            for &j in by_part.row(p as usize) {
+                                tally.refuse(j, || why.clone());
+                            }
+                        }
+                        Ok(Handled::Ok)
+                    }
                     Response::Error(e) => Err(refusal(s, addr, table, version, e)),
                     other => Ok(Handled::Failed(unexpected(addr, &other))),
                 }
             },
         )?;
+        if lost_table > 0 && answered == 0 {
+            return Err(OpError::Fatal(Error::TableNotFound(table.to_string())));
+        }
         // A partition none of whose replicas took part (down, or failed in this round) is unreachable.
         let mut reached = vec![false; map.partitions() as usize];
         for s in 0..topo.pools.len() {
