@@ -977,7 +977,7 @@ fn agreed_meta(table: &str, infos: &[TableInfo]) -> Result<TableMeta> {
             None => counts.push((t.incarnation, 1, t)),
         }
     }
-    counts.sort_by(|a, b| b.1.cmp(&a.1));
+    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
     match counts.as_slice() {
         [] => Err(Error::TableNotFound(table.to_string())),
         [(_, n, _), (_, m, _), ..] if n == m => Err(Error::Protocol {
