@@ -160,9 +160,12 @@ pub async fn serve(
                     // (briefly waiting when the budget is short); other replies are small.
                     let room = match &req {
                         Request::Get(b) => {
-                            let want = reply_bound(state, b);
-                            OUT_BASE.saturating_sub(out.len())
-                                + mem.reserve_reply(want, REPLY_MEMORY_WAIT).await
+                            // Replies already waiting in `out` keep what they hold; this one
+                            // gets room beyond that.
+                            let held = out.len().saturating_sub(OUT_BASE);
+                            let want = held + reply_bound(state, b);
+                            let reserved = mem.reserve_reply(want, REPLY_MEMORY_WAIT).await;
+                            (OUT_BASE + reserved).saturating_sub(out.len())
                         }
                         _ => state.max_body,
                     };
