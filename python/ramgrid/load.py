@@ -28,7 +28,6 @@ import sys
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 
 import numpy as np
 
+from ramgrid._gzip import gunzip
 from ramgrid.exceptions import BatchError, LoadError, RamgridError, TableNotFound
 from ramgrid.grid import Grid, Table, VersionWriter, _put, client_for
 
@@ -61,7 +61,6 @@ _INFER_ROWS = 1000
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _MAX_BAD_SAMPLES = 10
 _GZIP_MAGIC = b"\x1f\x8b"
-_GZIP_READ = 64 << 10  # compressed bytes handed to zlib at a time
 # The client refuses a whole batch with a longer key, so such a key is caught here, as a bad line.
 MAX_KEY_BYTES = 65535
 
@@ -281,74 +280,6 @@ def _iter_range(path: str, start: int, end: int, block: int) -> Iterator[tuple[b
                 buf = buf[cut + 1 :]
 
 
-def _gunzip(path: str, block: int) -> Iterator[tuple[bytes, int]]:
-    """Yields (up to `block` decompressed bytes, compressed bytes consumed so far) of a gzip file, member after
-    member, as `gzip` reads it (concatenated members; NUL padding between or after them is skipped).
-
-    Damage raises LoadError naming the file and the compressed byte offset where reading broke: for a corrupt
-    stream the byte at which zlib failed (found by feeding the failing input again, in halves, to copies of the
-    decompressor taken before it), for a truncated one the end of the file. `gzip.GzipFile` is not used because it
-    names neither, raises a bare zlib.error for some damage, and only knows the offset of its read-ahead buffer."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        d = zlib.decompressobj(wbits=31)  # the gzip wrapper: zlib checks each member's header, CRC-32 and length
-        started = False  # whether `d` has been given bytes of its member
-        pending = b""  # input `d` has not taken yet; it begins at file offset `at`
-        at = 0
-        full = False  # the last call stopped at `block` bytes of output: zlib may hold more without more input
-        while True:
-            if not pending and not full:
-                pending = f.read(_GZIP_READ)
-                if not pending:
-                    if started and not d.eof:
-                        raise LoadError.at(
-                            path, None, f"gzip data ends at compressed byte {size} inside a member (truncated file)"
-                        )
-                    return
-            if d.eof:
-                zeros = len(pending) - len(pending.lstrip(b"\0"))
-                at, pending = at + zeros, pending[zeros:]
-                if not pending:
-                    continue
-                d, started = zlib.decompressobj(wbits=31), False
-            saved = d.copy()
-            try:
-                out = d.decompress(pending, block)
-            except zlib.error as e:
-                bad = at + _failing_byte(saved, pending)
-                reason = f"corrupt gzip data at compressed byte {bad} of {size}: {_zlib_reason(e)}"
-                raise LoadError.at(path, None, reason) from None
-            started = True
-            rest = d.unused_data if d.eof else d.unconsumed_tail
-            at, pending = at + len(pending) - len(rest), rest
-            full = len(out) >= block and not d.eof
-            if out:
-                yield out, at
-
-
-def _failing_byte(saved: Any, data: bytes) -> int:
-    """The index in `data` of the byte at which a decompressor in state `saved` fails: the shortest failing prefix
-    (a prefix that stops before the damage only leaves zlib waiting for more, so failing is monotonic)."""
-    lo, hi = 1, len(data)  # the whole of `data` fails
-    while lo < hi:
-        mid = (lo + hi) // 2
-        try:
-            saved.copy().decompress(data[:mid])
-            lo = mid + 1
-        except zlib.error:
-            hi = mid
-    return lo - 1
-
-
-def _zlib_reason(e: zlib.error) -> str:
-    reason = str(e).rpartition(": ")[2]  # "Error -3 while decompressing data: invalid block type"
-    return {
-        "incorrect data check": "the data does not match its CRC-32 checksum (damaged somewhere in this member)",
-        "incorrect length check": "the data does not match its recorded length",
-        "incorrect header check": "not the start of a gzip member",
-    }.get(reason, reason)
-
-
 def _iter_stream(path: str, block: int) -> Iterator[tuple[bytes, int]]:
     """Yields (data, compressed bytes consumed so far) pieces of whole lines of a gzip file, about `block` bytes
     each. Each piece is held back until the next is known, so that the last one carries the file's whole size
@@ -357,7 +288,7 @@ def _iter_stream(path: str, block: int) -> Iterator[tuple[bytes, int]]:
     held: tuple[bytes, int] | None = None
     parts: list[bytes] = []
     have = 0
-    for data, mark in _gunzip(path, block):
+    for data, mark in gunzip(path, block):
         parts.append(data)
         have += len(data)
         if have < block:
@@ -919,7 +850,7 @@ def _head_lines(p: Path, n: int) -> bytes:
     try:
         if _is_gzip(p):
             out, lines = [], 0
-            for data, _ in _gunzip(str(p), 1 << 16):
+            for data, _ in gunzip(str(p), 1 << 16):
                 out.append(data)
                 lines += data.count(b"\n")
                 if lines >= n:
