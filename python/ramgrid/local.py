@@ -90,8 +90,10 @@ def start_servers(
     parent_watch: bool = True,
     start_timeout: float = 30.0,
     extra_args: Sequence[str] = (),
+    data_dir: Path | None = None,
 ) -> list[ServerProcess]:
-    """Starts `n` servers on loopback ports chosen by the OS and waits for each one's listening line.
+    """Starts `n` servers on loopback ports chosen by the OS and waits for each one's listening line. With
+    `data_dir`, server i keeps its snapshots in `data_dir/server-i`.
 
     Raises ServerStartError (after stopping the ones that did start) if a server exits or says nothing in time.
     """
@@ -106,7 +108,8 @@ def start_servers(
     # The children keep their own copies of the log descriptors; ours close when the servers have started.
     with contextlib.ExitStack() as files:
         try:
-            _spawn_all(n, args, env, log_dir, files, started)
+            for i in range(n):
+                started.append(_spawn(i, args + _data_args(data_dir, i), env, log_dir, files))
             deadline = time.monotonic() + start_timeout
             for i, sp in enumerate(started):
                 sp.address = _wait_listening(sp, i, deadline, start_timeout)
@@ -116,28 +119,29 @@ def start_servers(
     return started
 
 
-def _spawn_all(
-    n: int,
-    args: list[str],
-    env: dict[str, str],
-    log_dir: Path,
-    files: contextlib.ExitStack,
-    started: list[ServerProcess],
-) -> None:
-    for i in range(n):
-        out_path, err_path = log_dir / f"server{i}.out", log_dir / f"server{i}.err"
-        proc = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=files.enter_context(open(out_path, "wb")),  # noqa: SIM115 - closed by the ExitStack
-            stderr=files.enter_context(open(err_path, "wb")),  # noqa: SIM115 - closed by the ExitStack
-            env=env,
-            close_fds=True,
-            # Own session: a Ctrl-C in the terminal reaches the owner, which then stops the servers in order,
-            # instead of killing the servers under a still-running job.
-            start_new_session=True,
-        )
-        started.append(ServerProcess(proc, out_path, err_path))
+def _data_args(data_dir: Path | None, i: int) -> list[str]:
+    """Server i's `--data-dir` flag (created if needed), or none."""
+    if data_dir is None:
+        return []
+    d = Path(data_dir) / f"server-{i}"
+    d.mkdir(parents=True, exist_ok=True)
+    return ["--data-dir", str(d)]
+
+
+def _spawn(i: int, args: list[str], env: dict[str, str], log_dir: Path, files: contextlib.ExitStack) -> ServerProcess:
+    out_path, err_path = log_dir / f"server{i}.out", log_dir / f"server{i}.err"
+    proc = subprocess.Popen(
+        args,
+        stdin=subprocess.DEVNULL,
+        stdout=files.enter_context(open(out_path, "wb")),  # noqa: SIM115 - closed by the ExitStack
+        stderr=files.enter_context(open(err_path, "wb")),  # noqa: SIM115 - closed by the ExitStack
+        env=env,
+        close_fds=True,
+        # Own session: a Ctrl-C in the terminal reaches the owner, which then stops the servers in order,
+        # instead of killing the servers under a still-running job.
+        start_new_session=True,
+    )
+    return ServerProcess(proc, out_path, err_path)
 
 
 def _wait_listening(sp: ServerProcess, i: int, deadline: float, start_timeout: float) -> str:
@@ -208,18 +212,19 @@ class LocalGrid(Grid):
         near_cache_bytes: int = 0,
         start_timeout: float = 30.0,
         extra_args: Sequence[str] = (),
+        data_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         tmpdir = tempfile.mkdtemp(prefix="ramgrid-local-")
+        self._start = {
+            "memory": memory,
+            "threads": threads,
+            "token": token,
+            "start_timeout": start_timeout,
+            "extra_args": tuple(extra_args),
+            "data_dir": None if data_dir is None else Path(data_dir),
+        }
         try:
-            self._servers = start_servers(
-                servers,
-                memory=memory,
-                threads=threads,
-                token=token,
-                log_dir=Path(tmpdir),
-                start_timeout=start_timeout,
-                extra_args=extra_args,
-            )
+            self._servers = start_servers(servers, log_dir=Path(tmpdir), **self._start)  # type: ignore[arg-type]
         except BaseException:
             shutil.rmtree(tmpdir, ignore_errors=True)
             raise
@@ -227,8 +232,9 @@ class LocalGrid(Grid):
         addresses = tuple(str(sp.address) for sp in self._servers)
         config = GridConfig(servers=addresses, token=token, timeout=timeout, ack=ack, near_cache_bytes=near_cache_bytes)
         super().__init__(config)
-        procs = [sp.proc for sp in self._servers]
-        self._finalizer = weakref.finalize(self, _finalize, procs, config, tmpdir, os.getpid())
+        # The finalizer stops whatever processes this list holds when it runs (restart() updates it).
+        self._procs = [sp.proc for sp in self._servers]
+        self._finalizer = weakref.finalize(self, _finalize, self._procs, config, tmpdir, os.getpid())
         try:
             client_for(config).push_spec()
         except BaseException:
@@ -267,6 +273,30 @@ class LocalGrid(Grid):
             p.kill()
         p.wait()
 
+    def restart(self, i: int) -> None:
+        """Kills server `i` (SIGKILL) and starts a new one on its address with the same flags: empty, unless the
+        grid has a `data_dir`, from which it loads the sealed versions of `durability="snapshot"` tables. The
+        clients give it the spec when they next reach it. For failure tests and demos."""
+        if not self._finalizer.alive:
+            raise RamgridError("this local grid is closed")
+        self.kill(i)
+        address = self._config.servers[i]
+        start = self._start
+        env = server_env(start["token"], True)  # type: ignore[arg-type]
+        args = [sys.executable, "-m", "ramgrid._serve", "--listen", address, "--threads", str(start["threads"])]
+        args += ["--table-memory", str(start["memory"]), *start["extra_args"]]  # type: ignore[misc]
+        args += _data_args(start["data_dir"], i)  # type: ignore[arg-type]
+        with contextlib.ExitStack() as files:
+            sp = _spawn(i, args, env, Path(self._tmpdir), files)
+            try:
+                timeout = float(start["start_timeout"])  # type: ignore[arg-type]
+                sp.address = _wait_listening(sp, i, time.monotonic() + timeout, timeout)
+            except BaseException:
+                stop_processes([sp.proc], grace=2.0)
+                raise
+        self._servers[i] = sp
+        self._procs[i] = sp.proc
+
     def alive(self) -> list[bool]:
         """Which servers are still running."""
         return [sp.proc.poll() is None for sp in self._servers]
@@ -295,7 +325,8 @@ def local(
 
     `memory` is each server's table memory (e.g. "256MiB"); `threads` its worker threads; `token`, if given, is
     required from clients (the returned handle presents it). Other keyword options: timeout, ack,
-    near_cache_bytes, start_timeout, extra_args (more ramgrid-server flags). Use it as a context manager, or
-    call `close()`; it is also cleaned up at exit.
+    near_cache_bytes, start_timeout, extra_args (more ramgrid-server flags), data_dir (server i keeps the
+    snapshots of `durability="snapshot"` tables in `data_dir/server-i`, so `restart(i)` brings them back). Use it
+    as a context manager, or call `close()`; it is also cleaned up at exit.
     """
     return LocalGrid(servers, memory, threads, token, **options)
