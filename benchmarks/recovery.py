@@ -30,14 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 import ramgrid
-
-
-def server_env() -> dict[str, str]:
-    """The environment for a server child, without ramgrid.local's parent watch (importing ramgrid.local here
-    would shadow the `ramgrid.local()` function with the module for every later test)."""
-    env = dict(os.environ)
-    env.pop("RAMGRID_PARENT_PID", None)
-    return env
+from ramgrid._local import server_env
 
 
 def free_port() -> int:
@@ -55,7 +48,9 @@ def spawn(addr: str, data: Path, log: Path) -> tuple[subprocess.Popen[bytes], fl
     out, err = log.with_suffix(".out"), log.with_suffix(".err")
     t0 = time.perf_counter()
     with open(out, "wb") as o, open(err, "wb") as e:
-        p = subprocess.Popen(args, stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=server_env())
+        p = subprocess.Popen(
+            args, stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=server_env(None, parent_watch=False)
+        )
     while b"listening on" not in out.read_bytes():
         if p.poll() is not None:
             raise RuntimeError(err.read_text())

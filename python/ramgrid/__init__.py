@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ramgrid import exceptions
+    from ramgrid._local import LocalGrid, local
     from ramgrid.config import parse_spec
     from ramgrid.exceptions import RamgridError
     from ramgrid.grid import Grid, GridConfig, PinnedTable, Table, VersionWriter, connect
-    from ramgrid.local import LocalGrid, local
 
 __version__ = "0.1.0"
 
@@ -34,8 +34,8 @@ _LAZY = {
     "Table": "ramgrid.grid",
     "PinnedTable": "ramgrid.grid",
     "VersionWriter": "ramgrid.grid",
-    "local": "ramgrid.local",
-    "LocalGrid": "ramgrid.local",
+    "local": "ramgrid._local",
+    "LocalGrid": "ramgrid._local",
     "RamgridError": "ramgrid.exceptions",
     "parse_spec": "ramgrid.config",
 }

@@ -179,7 +179,7 @@ def _reachable(addr: str, timeout: float = 0.5) -> bool:
 
 def cmd_cluster_up(args: argparse.Namespace) -> int:
     import ramgrid
-    from ramgrid.local import start_servers
+    from ramgrid._local import start_servers
 
     state_dir = _state_dir(args)
     state_path = state_dir / STATE_FILE

@@ -6,7 +6,6 @@ stay dropped."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -17,16 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ramgrid
+from ramgrid._local import server_env
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def server_env() -> dict[str, str]:
-    """The environment for a server child, without ramgrid.local's parent watch (importing ramgrid.local here
-    would shadow the `ramgrid.local()` function with the module for every later test)."""
-    env = dict(os.environ)
-    env.pop("RAMGRID_PARENT_PID", None)
-    return env
 
 
 def free_port() -> int:
@@ -59,7 +51,7 @@ class Cluster:
         args += ["--table-memory", "1GiB", "--cluster-spec", str(self.spec_file), "--data-dir", str(self.data_dir(i))]
         out = open(self.root / f"server{i}.out", "wb")  # noqa: SIM115 - the child keeps its own copy
         err = open(self.root / f"server{i}.err", "wb")  # noqa: SIM115
-        env = server_env()
+        env = server_env(None, parent_watch=False)
         self.procs[i] = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
         out.close()
         err.close()

@@ -292,3 +292,14 @@ def test_package_imports_without_the_native_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
+
+
+def test_importing_the_local_cluster_module_keeps_ramgrid_local_a_function() -> None:
+    # Regression: the module used to be `ramgrid.local`, and importing it (`from ramgrid.local import ...`) made the
+    # package attribute the module, so a later `ramgrid.local(...)` failed in that process.
+    import subprocess
+    import sys
+
+    code = "import ramgrid._local, ramgrid; assert callable(ramgrid.local), type(ramgrid.local)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
