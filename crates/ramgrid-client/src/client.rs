@@ -305,7 +305,11 @@ pub(crate) fn refusal(
             server: s(),
             message: e.message,
         },
-        Status::BadRequest | Status::Internal | Status::VersionExists | Status::Ok => {
+        Status::BadRequest
+        | Status::Internal
+        | Status::VersionExists
+        | Status::Repairing
+        | Status::Ok => {
             if e.status == Status::BadRequest {
                 return OpError::Fatal(Error::InvalidArgument(format!(
                     "{addr} refused: {} {}",
@@ -374,12 +378,17 @@ impl Client {
         self.inner.topo.read().clone()
     }
 
+    /// Installs `spec` as this client's view (a move it drives).
+    pub(crate) fn adopt_spec(&self, spec: ClusterSpec) {
+        self.adopt(spec)
+    }
+
     /// Installs `spec` as this client's view, reusing the pools of servers it already knew.
     fn adopt(&self, spec: ClusterSpec) {
-        let spec = ClusterSpec::new(spec.servers().to_vec(), None).unwrap_or(spec);
+        let spec = spec.without_token();
         let pools = {
             let mut known = self.inner.pools.lock();
-            spec.servers()
+            spec.members()
                 .iter()
                 .map(|a| {
                     known

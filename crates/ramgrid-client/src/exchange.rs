@@ -36,12 +36,15 @@ pub(crate) fn idempotent(op: Opcode) -> bool {
         | Opcode::ListTables
         | Opcode::DescribeTable
         | Opcode::GetSpec
+        | Opcode::ClusterStatus
         | Opcode::Get
         // The same spec again gives the same epoch; sealing a sealed version is answered
         // VERSION_SEALED, which the client takes as done; the same version made current again.
         | Opcode::SetSpec
         | Opcode::SealVersion
         | Opcode::SetCurrent => true,
+        // A repeat starts another export: the copier reads from the start again.
+        Opcode::ExportPartition => false,
         // A repeat is refused (TABLE_EXISTS, VERSION_EXISTS, NO_SUCH_...) or, for PUT and DELETE,
         // may undo a concurrent writer's newer value and miscounts deletions.
         Opcode::Put

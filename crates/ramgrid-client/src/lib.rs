@@ -24,6 +24,7 @@ mod exchange;
 mod health;
 mod hedge;
 pub mod keys;
+pub mod membership;
 pub mod near;
 pub mod plan;
 mod read;
@@ -36,6 +37,7 @@ pub use client::{
 };
 pub use error::{Error, ErrorKind, Result};
 pub use keys::{KeyBytes, Keys};
+pub use membership::{MoveReport, ServerStatus};
 pub use near::{NearCache, NearStats};
 pub use plan::Ack;
 pub use ramgrid_proto::cluster::{partition_of, ClusterSpec};

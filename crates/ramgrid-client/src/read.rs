@@ -410,6 +410,15 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
                         }
                         Ok(h)
                     }
+                    // Still copying these partitions in (a restart or a move): read them from
+                    // their other replicas. Not a failure of the server, which stays up.
+                    Response::Error(e) if e.status == Status::Repairing => {
+                        Ok(Handled::Failed(Error::Server {
+                            server: addr.clone(),
+                            status: "REPAIRING",
+                            message: format!("partitions {:?} being repaired {}", e.partitions, e.message),
+                        }))
+                    }
                     Response::Error(e) if e.status == Status::Internal => {
                         Ok(Handled::Failed(Error::Server {
                             server: addr.clone(),

@@ -123,18 +123,19 @@ impl Client {
         let busy: Vec<u32> = by_part.busy().map(|p| p as u32).collect();
         // Servers that failed recently are not waited for: their replicas' keys count as not acknowledged.
         let live = |s: u32| !topo.pools[s as usize].is_down();
+        // During a move a write goes to the replicas under both ends of it (write_replicas).
         let per_server = Groups::by_targets(topo.pools.len(), busy.iter().copied(), |p| {
-            map.replicas(p)
-                .iter()
-                .filter(|&&s| live(s))
-                .map(|&s| s as usize)
+            map.write_replicas(p)
+                .into_iter()
+                .filter(|&s| live(s))
+                .map(|s| s as usize)
                 .collect::<SmallVec>()
         });
         let mut tally = AckTally::new(idx.len());
         let (mut answered, mut lost_table) = (0usize, 0usize);
         let mut skipped = Vec::new();
         for &p in &busy {
-            for &s in map.replicas(p).iter().filter(|&&s| !live(s)) {
+            for s in map.write_replicas(p).into_iter().filter(|&s| !live(s)) {
                 let why = format!("{} is down (failed recently)", topo.pools[s as usize].addr);
                 for &j in by_part.row(p as usize) {
                     tally.unanswered(j, || why.clone());
@@ -291,7 +292,15 @@ impl Client {
             }
         }
         let ack = self.inner.ack;
-        let failures = tally.failures(|j| ack.required(map.replicas(parts[j]).len()));
+        // During a move every copy must take the write whatever `ack` says: a new holder that
+        // missed it would serve without it once the move completes.
+        let failures = tally.failures(|j| {
+            if map.is_moving() {
+                map.write_replicas(parts[j]).len()
+            } else {
+                ack.required(map.replicas(parts[j]).len())
+            }
+        });
         outcome
             .failures
             .extend(failures.into_iter().map(|(j, why)| (idx[j] as usize, why)));

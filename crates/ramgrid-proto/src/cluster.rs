@@ -17,8 +17,8 @@ pub enum SpecError {
     /// The spec lists no server.
     #[error("cluster spec lists no server")]
     NoServers,
-    /// A line starts with a word other than `server` or `token`.
-    #[error("line {line}: unknown directive {word:?} (expected `server` or `token`)")]
+    /// A line starts with a word other than `server`, `next` or `token`.
+    #[error("line {line}: unknown directive {word:?} (expected `server`, `next` or `token`)")]
     UnknownDirective {
         /// 1-based line number.
         line: usize,
@@ -63,9 +63,14 @@ pub enum SpecError {
 /// ```
 ///
 /// Addresses are compared as strings: `localhost:7001` and `127.0.0.1:7001` are different servers.
+///
+/// A spec may also describe a move in progress: `next HOST:PORT` lines list the servers the
+/// cluster is moving to (docs/ARCHITECTURE.md, "Membership and repair"). Until the move is
+/// complete, reads follow the `server` list and writes go to the replicas under both lists.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ClusterSpec {
     servers: Vec<String>,
+    next: Option<Vec<String>>,
     token: Option<String>,
 }
 
@@ -89,12 +94,66 @@ impl ClusterSpec {
                 });
             }
         }
-        Ok(ClusterSpec { servers, token })
+        Ok(ClusterSpec {
+            servers,
+            next: None,
+            token,
+        })
+    }
+
+    /// This spec moving to `next` (a move in progress): validated like the server list.
+    pub fn with_next(mut self, next: Vec<String>) -> Result<ClusterSpec, SpecError> {
+        for (i, s) in next.iter().enumerate() {
+            check_address(s, 0)?;
+            if next[..i].contains(s) {
+                return Err(SpecError::DuplicateServer(s.clone()));
+            }
+        }
+        if next.is_empty() {
+            return Err(SpecError::NoServers);
+        }
+        self.next = Some(next);
+        Ok(self)
+    }
+
+    /// The spec the move in progress leads to (the `next` servers, same token), if any.
+    pub fn target(&self) -> Option<ClusterSpec> {
+        self.next.as_ref().map(|next| ClusterSpec {
+            servers: next.clone(),
+            next: None,
+            token: self.token.clone(),
+        })
+    }
+
+    /// The servers being moved to, if a move is in progress.
+    pub fn next(&self) -> Option<&[String]> {
+        self.next.as_deref()
+    }
+
+    /// Every server of the spec: the `server` list, then the `next` servers not in it. A server's
+    /// index here is its id in the [`PartitionMap`] (so the `server` list keeps its indices).
+    pub fn members(&self) -> Vec<String> {
+        let mut all = self.servers.clone();
+        for s in self.next.iter().flatten() {
+            if !all.contains(s) {
+                all.push(s.clone());
+            }
+        }
+        all
+    }
+
+    /// The same spec without its token (what the epoch and the wire's canonical text cover).
+    pub fn without_token(&self) -> ClusterSpec {
+        ClusterSpec {
+            token: None,
+            ..self.clone()
+        }
     }
 
     /// Parses the text form.
     pub fn parse(text: &str) -> Result<ClusterSpec, SpecError> {
         let mut servers: Vec<String> = Vec::new();
+        let mut next: Vec<String> = Vec::new();
         let mut token = None;
         for (i, line) in text.lines().enumerate() {
             let line_no = i + 1;
@@ -106,6 +165,7 @@ impl ClusterSpec {
             let word = words.next().unwrap_or_default();
             let (directive, value) = match word {
                 "server" => ("server", words.next()),
+                "next" => ("next", words.next()),
                 "token" => ("token", words.next()),
                 _ => {
                     return Err(SpecError::UnknownDirective {
@@ -126,11 +186,22 @@ impl ClusterSpec {
                     return Err(SpecError::DuplicateServer(value.to_owned()));
                 }
                 servers.push(value.to_owned());
+            } else if directive == "next" {
+                check_address(value, line_no)?;
+                if next.iter().any(|s| s == value) {
+                    return Err(SpecError::DuplicateServer(value.to_owned()));
+                }
+                next.push(value.to_owned());
             } else if token.replace(value.to_owned()).is_some() {
                 return Err(SpecError::DuplicateToken { line: line_no });
             }
         }
-        ClusterSpec::new(servers, token)
+        let spec = ClusterSpec::new(servers, token)?;
+        if next.is_empty() {
+            Ok(spec)
+        } else {
+            spec.with_next(next)
+        }
     }
 
     /// Parses the text form from bytes (as carried by SET_SPEC / GET_SPEC).
@@ -148,14 +219,20 @@ impl ClusterSpec {
         self.token.as_deref()
     }
 
-    /// The index of the server with address `addr`.
+    /// The index of the server with address `addr` among the [`members`](Self::members).
     pub fn index_of(&self, addr: &str) -> Option<usize> {
-        self.servers.iter().position(|s| s == addr)
+        self.members().iter().position(|s| s == addr)
     }
 
-    /// The canonical text form: `server` lines in order, then the `token` line if any.
+    /// The canonical text form: `server` lines in order, then `next` lines, then the `token`
+    /// line if any.
     pub fn to_text(&self) -> String {
         let mut s = canonical_servers(&self.servers);
+        for n in self.next.iter().flatten() {
+            s.push_str("next ");
+            s.push_str(n);
+            s.push('\n');
+        }
         if let Some(t) = &self.token {
             s.push_str("token ");
             s.push_str(t);
@@ -165,9 +242,17 @@ impl ClusterSpec {
     }
 
     /// The partition-map epoch of this spec: see [`epoch_of`]. The token does not count, so
-    /// rotating it does not invalidate maps.
+    /// rotating it does not invalidate maps. A spec with a move in progress has its own epoch
+    /// (the hash of its `server` and `next` lines), so requests routed under it are told apart
+    /// from those routed under either end of the move.
     pub fn epoch(&self) -> u64 {
-        epoch_of(&self.servers)
+        match &self.next {
+            None => epoch_of(&self.servers),
+            Some(_) => match xxh3_64(self.without_token().to_text().as_bytes()) {
+                0 => 1,
+                h => h,
+            },
+        }
     }
 }
 
@@ -251,13 +336,31 @@ pub struct PartitionMap {
     epoch: u64,
     /// `partitions * replication` server indices, partition-major.
     replicas: Vec<u32>,
+    /// During a move: the replicas under the `next` servers (indices into the spec's members),
+    /// `partitions * next replication`, partition-major. Empty otherwise.
+    next: Vec<u32>,
+    next_replication: u32,
 }
 
 impl PartitionMap {
     /// The map of a table with `partitions` partitions (0 is treated as 1) and `replication`
     /// replicas per partition (clamped to 1..=servers) over `spec`'s servers.
+    ///
+    /// With a move in progress, [`replicas`](Self::replicas) are those under the `server` list
+    /// (the ones holding the data, which reads use) and [`write_replicas`](Self::write_replicas)
+    /// add those under the `next` list (every copy a write must reach).
     pub fn new(spec: &ClusterSpec, partitions: u32, replication: u32) -> PartitionMap {
-        PartitionMap::from_servers(spec.servers(), partitions, replication)
+        let mut map = PartitionMap::from_servers(spec.servers(), partitions, replication);
+        if let Some(next) = spec.next() {
+            let members = spec.members();
+            let target = PartitionMap::from_servers(next, partitions, replication);
+            let id = |i: u32| members.iter().position(|m| *m == next[i as usize]).unwrap_or(0) as u32;
+            map.next = target.replicas.iter().map(|&i| id(i)).collect();
+            map.next_replication = target.replication;
+            map.servers = members.len() as u32;
+            map.epoch = spec.epoch();
+        }
+        map
     }
 
     /// As [`PartitionMap::new`], from the ordered server addresses alone. An empty list gives a
@@ -277,6 +380,8 @@ impl PartitionMap {
             servers: n,
             epoch,
             replicas: Vec::new(),
+            next: Vec::new(),
+            next_replication: 0,
         };
         if n == 0 {
             return map;
@@ -336,6 +441,34 @@ impl PartitionMap {
         let r = self.replication as usize;
         let start = p as usize * r;
         self.replicas.get(start..start + r).unwrap_or(&[])
+    }
+
+    /// During a move, the replicas of partition `p` under the `next` servers; otherwise the same
+    /// as [`replicas`](Self::replicas).
+    pub fn next_replicas(&self, p: u32) -> &[u32] {
+        if self.next.is_empty() {
+            return self.replicas(p);
+        }
+        let r = self.next_replication as usize;
+        let start = p as usize * r;
+        self.next.get(start..start + r).unwrap_or(&[])
+    }
+
+    /// Every server a write to partition `p` must reach: its replicas, then (during a move) its
+    /// replicas under the `next` servers that are not among them.
+    pub fn write_replicas(&self, p: u32) -> Vec<u32> {
+        let mut all = self.replicas(p).to_vec();
+        for &s in self.next_replicas(p) {
+            if !all.contains(&s) {
+                all.push(s);
+            }
+        }
+        all
+    }
+
+    /// Whether a move is in progress in the spec this map was built from.
+    pub fn is_moving(&self) -> bool {
+        !self.next.is_empty()
     }
 
     /// The primary server of partition `p`.

@@ -57,6 +57,11 @@ pub struct Config {
     /// Cluster spec file (one `host:port` per line, in order); without it the server waits for SET_SPEC.
     #[arg(long, env = "RAMGRID_CLUSTER_SPEC")]
     pub cluster_spec: Option<std::path::PathBuf>,
+    /// Peers to learn the cluster spec and tables from when this server has no spec (a server
+    /// restarted, or added): comma-separated `host:port`s. It then copies its partitions from
+    /// their replicas before serving them (docs/ARCHITECTURE.md, "Membership and repair").
+    #[arg(long, env = "RAMGRID_JOIN", value_delimiter = ',')]
+    pub join: Vec<String>,
     /// Auth token: native clients present it in HELLO, memcached clients as the password of memcached's
     /// text-protocol authentication. Required to listen on a non-loopback address; never empty.
     #[arg(long, env = "RAMGRID_TOKEN", hide_env_values = true)]

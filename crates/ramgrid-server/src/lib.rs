@@ -6,11 +6,15 @@
 
 pub mod auth;
 pub mod buffers;
+pub mod cluster;
 pub mod config;
 pub mod conn;
 pub mod dispatch;
+pub mod export;
 pub mod native;
+pub mod peer;
 pub mod persist;
+pub mod repair;
 pub mod server;
 pub mod stats;
 

@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use parking_lot::RwLock;
-use ramgrid_proto::cluster::{ClusterSpec, PartitionMap};
+use ramgrid_proto::cluster::ClusterSpec;
 use ramgrid_proto::native::{
     self as wire, parse_frame, ErrorReply, FrameError, GetReplyWriter, HelloOk, KeyStatusWriter,
     Opcode, Request, Response, SpecReply, Status, HEADER_LEN, PROTOCOL_VERSION,
@@ -38,16 +38,7 @@ const READ_CHUNK: usize = 64 << 10;
 /// for fewer keys at once).
 const REPLY_MEMORY_WAIT: Duration = Duration::from_millis(100);
 
-/// The installed cluster spec and what this server derives from it.
-#[derive(Debug, Clone)]
-pub struct ClusterState {
-    /// The spec as installed.
-    pub spec: ClusterSpec,
-    /// Its epoch.
-    pub epoch: u64,
-    /// This server's index in the spec, if it is listed.
-    pub index: Option<u32>,
-}
+pub use crate::cluster::{held_partitions, ClusterState};
 
 /// Everything the native protocol needs that the memcached side does not.
 pub struct NativeState {
@@ -63,6 +54,10 @@ pub struct NativeState {
     pub max_body: usize,
     /// The data directory (`--data-dir`), where snapshot tables are kept.
     pub persist: Option<crate::persist::Persist>,
+    /// The repair thread's state (repair.rs).
+    pub repair: crate::repair::RepairState,
+    /// Partition images being copied out to peers (export.rs).
+    pub exports: crate::export::Exports,
 }
 
 impl NativeState {
@@ -74,50 +69,13 @@ impl NativeState {
         }
     }
 
-    /// Installs `spec` (from `--cluster-spec` or SET_SPEC) and recomputes which partitions of every
-    /// table this server holds. Refuses a spec that does not list this server.
+    /// Installs `spec` (from `--cluster-spec`, SET_SPEC or a peer): see `cluster.rs`.
     pub fn install_spec(&self, spec: ClusterSpec) -> Result<u64, String> {
-        let index = spec.index_of(&self.server_id).map(|i| i as u32);
-        if index.is_none() {
-            return Err(format!(
-                "this server ({}) is not listed in the spec",
-                self.server_id
-            ));
-        }
-        let epoch = spec.epoch();
-        let mut cluster = self.cluster.write();
-        for name in self.tables.list() {
-            if let Ok(info) = self.tables.describe(&name) {
-                let held = held_partitions(
-                    Some(&ClusterState {
-                        spec: spec.clone(),
-                        epoch,
-                        index,
-                    }),
-                    &info.spec,
-                );
-                let _ = self.tables.set_held_partitions(&name, &held);
-            }
-        }
-        *cluster = Some(ClusterState { spec, epoch, index });
-        Ok(epoch)
+        crate::cluster::install_spec(self, spec)
     }
 
     fn epoch(&self) -> u64 {
         self.cluster.read().as_ref().map_or(0, |c| c.epoch)
-    }
-}
-
-/// The partitions of `table` this server holds under `cluster` (all of them without a spec).
-pub(crate) fn held_partitions(cluster: Option<&ClusterState>, table: &TableSpec) -> Vec<u32> {
-    match cluster {
-        None => (0..table.partitions).collect(),
-        Some(c) => match c.index {
-            None => Vec::new(),
-            Some(i) => PartitionMap::new(&c.spec, table.partitions, table.replication)
-                .partitions_of(i)
-                .collect(),
-        },
     }
 }
 
@@ -252,7 +210,7 @@ struct Conn {
     status: Vec<u8>,
 }
 
-fn store_value_type(vt: wire::ValueType) -> ValueType {
+pub(crate) fn store_value_type(vt: wire::ValueType) -> ValueType {
     match vt {
         wire::ValueType::Bytes => ValueType::Bytes,
         wire::ValueType::I64 => ValueType::I64,
@@ -322,7 +280,7 @@ fn disk_refusal(e: String) -> ErrorReply {
 }
 
 /// Maps a store error to the frame-level refusal the protocol defines.
-fn refusal(e: &StoreError) -> ErrorReply {
+pub(crate) fn refusal(e: &StoreError) -> ErrorReply {
     let status = match e {
         StoreError::NoSuchTable(_) => Status::NoSuchTable,
         StoreError::TableExists(_) => Status::TableExists,
@@ -333,6 +291,7 @@ fn refusal(e: &StoreError) -> ErrorReply {
         StoreError::VersionSealed(_) => Status::VersionSealed,
         StoreError::VersionOpen(_) => Status::VersionNotSealed,
         StoreError::NotHeld(p) => return ErrorReply::not_owner(vec![*p]),
+        StoreError::Repairing(p) => return ErrorReply::repairing(vec![*p]),
         StoreError::VersionCurrent(_) => Status::BadRequest,
         StoreError::OutOfMemory => Status::OutOfMemory,
         StoreError::TooLarge | StoreError::ReplyTooLarge(_) => Status::TooLarge,
@@ -467,6 +426,22 @@ impl Conn {
                     ));
                 }
                 let n = v.version;
+                if let Request::SealVersion(_) = req {
+                    // A seal would freeze a partition half copied in.
+                    if let Some(pv) = state
+                        .tables
+                        .pending(v.table)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .find(|pv| pv.version == n)
+                    {
+                        let mut e = ErrorReply::repairing(pv.partitions);
+                        e.message = format!(
+                            "version {n} still has partitions being copied in here: seal again once the repair is done"
+                        );
+                        return Err(e);
+                    }
+                }
                 if let (Request::SealVersion(_), Some(p)) = (req, &state.persist) {
                     p.seal(&state.tables, v.table, n).map_err(|e| match e {
                         crate::persist::SealError::Store(e) => refusal(&e),
@@ -497,6 +472,17 @@ impl Conn {
                     .map_err(|e| ErrorReply::new(Status::BadRequest, e))?;
                 done(out, Response::SpecSet { epoch })
             }
+            Request::ExportPartition(x) => {
+                let (eid, image, sealed, range) = state.exports.chunk(state, x, state.max_body)?;
+                done(
+                    out,
+                    Response::Export(crate::export::reply(eid, &image, sealed, range)),
+                )
+            }
+            Request::ClusterStatus => {
+                let text = crate::cluster::status_text(state);
+                done(out, Response::Status(&text))
+            }
             Request::GetSpec => {
                 let cluster = state.cluster.read();
                 let (epoch, text) = match cluster.as_ref() {
@@ -512,7 +498,7 @@ impl Conn {
                 )
             }
             Request::Get(b) => {
-                check_epoch(state, b.epoch)?;
+                check_epoch(state, b.epoch, false)?;
                 // Resolve the version once: every group of this frame reads that one version.
                 let tv = state
                     .tables
@@ -520,6 +506,7 @@ impl Conn {
                     .map_err(|e| refusal(&e))?;
                 check_incarnation(&tv, b.incarnation)?;
                 check_held(&tv, b.groups.iter().map(|g| g.partition))?;
+                check_copied(&tv, b.groups.iter().map(|g| g.partition))?;
                 // One call for the whole frame: its lookups share one prefetching pipeline
                 // whatever the number of partitions (a group per partition holds few keys).
                 // No reply frame is larger than the body limit HELLO announced (that of requests)
@@ -549,7 +536,7 @@ impl Conn {
                 w.finish().map_err(enc)
             }
             Request::Put(p) => {
-                check_epoch(state, p.epoch)?;
+                check_epoch(state, p.epoch, true)?;
                 let tv = writable(
                     state,
                     p.table,
@@ -575,7 +562,7 @@ impl Conn {
                 self.write_statuses(out, Opcode::Put, id)
             }
             Request::Delete(b) => {
-                check_epoch(state, b.epoch)?;
+                check_epoch(state, b.epoch, true)?;
                 let tv = writable(
                     state,
                     b.table,
@@ -648,12 +635,20 @@ fn check_incarnation(tv: &TableVersion, incarnation: u64) -> Result<(), ErrorRep
     Ok(())
 }
 
-fn check_epoch(state: &NativeState, epoch: u64) -> Result<(), ErrorReply> {
-    let mine = state.epoch();
-    if epoch != mine {
-        return Err(ErrorReply::wrong_epoch(mine));
+fn check_epoch(state: &NativeState, epoch: u64, write: bool) -> Result<(), ErrorReply> {
+    crate::cluster::check_epoch(state, epoch, write)
+}
+
+/// Refuses with REPAIRING, listing them, a read of partitions this server holds but is still
+/// copying in from a replica: the client reads them elsewhere.
+fn check_copied(tv: &TableVersion, partitions: impl Iterator<Item = u32>) -> Result<(), ErrorReply> {
+    let mut pending: Vec<u32> = partitions.filter(|&p| tv.is_missing(p)).collect();
+    if pending.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    pending.sort_unstable();
+    pending.dedup();
+    Err(ErrorReply::repairing(pending))
 }
 
 /// Refuses with NOT_OWNER listing every requested partition this server does not hold, before any key is touched.

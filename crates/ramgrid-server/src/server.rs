@@ -61,6 +61,7 @@ impl ServerHandle {
     /// (bounded by the shutdown grace period).
     pub fn shutdown(self) {
         self.stopping.store(true, Ordering::SeqCst);
+        self.native.repair.wake();
         let _ = self.stop.send(true);
         // Wake the blocking accept() so the acceptor sees the flag.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
@@ -146,6 +147,8 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
             Some(dir) => Some(crate::persist::Persist::open(dir).map_err(anyhow::Error::msg)?),
             None => None,
         },
+        repair: crate::repair::RepairState::new(config.join.clone()),
+        exports: Default::default(),
     });
     if let Some(path) = &config.cluster_spec {
         let text = std::fs::read_to_string(path)
@@ -185,6 +188,12 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopping = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
+    handles.push(crate::repair::spawn(native.clone(), stopping.clone())?);
+    if native.cluster.read().is_some() {
+        // A spec from --cluster-spec: learn the tables from the peers too.
+        native.repair.needs_catalog.store(true, Ordering::Release);
+    }
+    native.repair.wake();
     let mut senders = Vec::new();
     for (i, stats) in workers.into_iter().enumerate() {
         let crawler = i == 0;

@@ -68,6 +68,10 @@ pub enum Error {
     /// This store does not hold the partition under the current cluster map.
     #[error("partition {0} is not held here")]
     NotHeld(u32),
+    /// The partition is held here but its data is still being copied from a replica (a repair
+    /// or a move): read it elsewhere.
+    #[error("partition {0} is being repaired here")]
+    Repairing(u32),
     /// A value or request of the wrong type for the table.
     #[error("wrong value type for table")]
     WrongType,
@@ -103,6 +107,8 @@ pub enum ErrorKind {
     VersionCurrent,
     /// See [`Error::NotHeld`].
     NotHeld,
+    /// See [`Error::Repairing`].
+    Repairing,
     /// See [`Error::WrongType`].
     WrongType,
     /// See [`Error::Invalid`].
@@ -125,6 +131,7 @@ impl Error {
             Error::VersionOpen(_) => ErrorKind::VersionOpen,
             Error::VersionCurrent(_) => ErrorKind::VersionCurrent,
             Error::NotHeld(_) => ErrorKind::NotHeld,
+            Error::Repairing(_) => ErrorKind::Repairing,
             Error::WrongType => ErrorKind::WrongType,
             Error::Invalid(_) => ErrorKind::Invalid,
             Error::CorruptImage(_) => ErrorKind::CorruptImage,

@@ -44,6 +44,8 @@
 //! could still copy it) until its version or table is dropped. A scan visits one partition of one
 //! version, so its cost is proportional to that partition's items, not to the server's.
 
+mod copy;
+pub use copy::PendingVersion;
 pub(crate) mod partition;
 
 use std::collections::{BTreeMap, HashMap};
@@ -226,7 +228,15 @@ struct PartSlot {
     /// `None` once the data moved to `frozen`. Invariant: `frozen` is set before `open` becomes
     /// `None`, and both happen under `open`'s write lock.
     open: RwLock<Option<PartData>>,
-    frozen: OnceLock<PartData>,
+    /// Shared so that a sealed version can be rebuilt around one partition copied in (a
+    /// repair) while its other partitions stay where they are.
+    frozen: OnceLock<Arc<PartData>>,
+    /// This partition's data should be here but is not yet: it is being copied from a replica
+    /// (see `copy.rs`). Reads are refused ([`Error::Repairing`]); an open one takes writes.
+    pending: AtomicBool,
+    /// While an open partition is pending: the keys written or deleted here since the copy
+    /// began, which the copy must not overwrite. Changed only under `open`'s write lock.
+    touched: parking_lot::Mutex<Option<std::collections::HashSet<Box<[u8]>>>>,
 }
 
 /// A read lock on an open partition, held by [`TableVersion::get_groups`].
@@ -256,9 +266,6 @@ struct Version {
     number: u32,
     sealed: AtomicBool,
     parts: Box<[PartSlot]>,
-    /// Partitions whose data this store should have but does not (an image that failed to load):
-    /// reads of them are refused as not held rather than answered as misses. Empty = none.
-    missing: Box<[bool]>,
     /// Bytes charged for the slot array itself.
     overhead: usize,
     meter: Arc<Meter>,
@@ -280,13 +287,14 @@ impl Version {
             .map(|_| PartSlot {
                 open: RwLock::new(Some(PartData::new(spec.value_type, meter.clone()))),
                 frozen: OnceLock::new(),
+                pending: AtomicBool::new(false),
+                touched: parking_lot::Mutex::new(None),
             })
             .collect();
         Ok(Version {
             number,
             sealed: AtomicBool::new(false),
             parts,
-            missing: Box::new([]),
             overhead,
             meter: meter.clone(),
         })
@@ -383,19 +391,23 @@ impl TableVersion {
                 spec.name, spec.partitions
             )));
         }
-        if !self.held[partition as usize] || self.is_missing(partition) {
+        if !self.held[partition as usize] {
             return Err(Error::NotHeld(partition));
+        }
+        if self.is_missing(partition) {
+            return Err(Error::Repairing(partition));
         }
         Ok(&self.version.parts[partition as usize])
     }
 
-    /// Whether this version's data of `partition` is missing here (its image failed to load).
+    /// Whether this version's data of `partition` is not here yet: its image failed to load, or
+    /// it is being copied from a replica (a repair or a move). Reads of it are refused with
+    /// [`Error::Repairing`]; an open one still takes writes.
     pub fn is_missing(&self, partition: u32) -> bool {
         self.version
-            .missing
+            .parts
             .get(partition as usize)
-            .copied()
-            .unwrap_or(false)
+            .is_some_and(|s| s.pending.load(Ordering::Acquire))
     }
 
     /// The flat image (docs/partition-image.md) of one partition of this version, held or not
@@ -410,7 +422,7 @@ impl TableVersion {
             )));
         }
         if self.is_missing(partition) {
-            return Err(Error::NotHeld(partition));
+            return Err(Error::Repairing(partition));
         }
         let Some(data) = self.version.parts[partition as usize].frozen.get() else {
             return Err(Error::VersionOpen(self.version.number));
@@ -599,11 +611,28 @@ impl TableVersion {
         }
     }
 
-    /// Run `f` with exclusive access to one partition of an OPEN version.
-    fn write<R>(&self, partition: u32, f: impl FnOnce(&mut PartData) -> R) -> Result<R> {
-        let mut open = self.slot(partition)?.open.write();
+    /// Run `f` with exclusive access to one partition of an OPEN version, and the set of keys
+    /// to record as written if the partition is being copied in (see `copy.rs`). A pending
+    /// partition takes writes: the copy will not overwrite them.
+    fn write<R>(
+        &self,
+        partition: u32,
+        f: impl FnOnce(&mut PartData, Option<&mut std::collections::HashSet<Box<[u8]>>>) -> R,
+    ) -> Result<R> {
+        let slot = match self.slot(partition) {
+            Err(Error::Repairing(_)) => &self.version.parts[partition as usize],
+            other => other?,
+        };
+        let mut open = slot.open.write();
         match open.as_mut() {
-            Some(data) => Ok(f(data)),
+            Some(data) => {
+                if slot.pending.load(Ordering::Acquire) {
+                    let mut touched = slot.touched.lock();
+                    Ok(f(data, touched.as_mut()))
+                } else {
+                    Ok(f(data, None))
+                }
+            }
             None => Err(Error::VersionSealed(self.version())),
         }
     }
@@ -619,10 +648,23 @@ impl TableVersion {
         status: &mut Vec<u8>,
     ) -> Result<()> {
         let max_value = self.max_value;
-        self.write(partition, |data| {
-            data.put_many(items.into_iter(), MAX_KEY_LEN, max_value, |st| {
+        self.write(partition, |data, touched| match touched {
+            None => data.put_many(items.into_iter(), MAX_KEY_LEN, max_value, |st| {
                 status.push(st as u8)
-            });
+            }),
+            Some(touched) => {
+                // Copying in: remember the keys stored here, so the copy keeps them.
+                let items: Vec<_> = items.into_iter().collect();
+                let from = status.len();
+                data.put_many(items.iter().copied(), MAX_KEY_LEN, max_value, |st| {
+                    status.push(st as u8)
+                });
+                for ((k, _), &st) in items.iter().zip(&status[from..]) {
+                    if st == KeyStatus::Ok as u8 {
+                        touched.insert((*k).into());
+                    }
+                }
+            }
         })
     }
 
@@ -634,9 +676,14 @@ impl TableVersion {
         keys: impl IntoIterator<Item = &'k [u8]>,
         status: &mut Vec<u8>,
     ) -> Result<()> {
-        self.write(partition, |data| {
+        self.write(partition, |data, mut touched| {
             for key in keys {
-                status.push(data.delete(key, MAX_KEY_LEN) as u8);
+                let st = data.delete(key, MAX_KEY_LEN);
+                if let (Some(t), KeyStatus::Ok | KeyStatus::NotFound) = (touched.as_mut(), st) {
+                    // Copying in: a key deleted here must not come back with the copy.
+                    t.insert(key.into());
+                }
+                status.push(st as u8);
             }
         })
     }
@@ -1002,7 +1049,7 @@ impl Tables {
                 data.freeze();
                 // Publish before the write lock is released (see PartSlot's invariant).
                 slot.frozen
-                    .set(data)
+                    .set(Arc::new(data))
                     .expect("a slot is frozen only once, under its write lock");
             }
         }
@@ -1074,15 +1121,13 @@ impl Tables {
                 Error::Invalid(format!("partition {p} out of range 0..{}", spec.partitions))
             })? = true;
         }
-        if lost_mask.contains(&true) {
-            v.missing = lost_mask.into();
-        }
-        for slot in v.parts.iter_mut() {
+        for (slot, lost) in v.parts.iter_mut().zip(lost_mask) {
+            *slot.pending.get_mut() = lost;
             if let Some(mut data) = slot.open.get_mut().take() {
                 // Images are frozen already; empty partitions become so here.
                 data.freeze();
                 slot.frozen
-                    .set(data)
+                    .set(Arc::new(data))
                     .expect("a new version's slots are empty");
             }
         }

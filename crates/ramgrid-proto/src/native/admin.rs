@@ -136,3 +136,81 @@ pub struct SpecReply<'a> {
     /// The spec in its text form (empty when none is installed).
     pub spec: &'a [u8],
 }
+
+/// EXPORT_PARTITION request: one chunk of the flat image (docs/partition-image.md) of one
+/// partition of one version, for a server copying it (a move or a repair).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExportRequest<'a> {
+    /// Table name.
+    pub table: &'a str,
+    /// The table incarnation meant (never 0: a copy must not cross tables).
+    pub incarnation: u64,
+    /// The version (never 0).
+    pub version: u32,
+    /// The partition.
+    pub partition: u32,
+    /// 0 to start a new export (the server takes the image then); otherwise the id a previous
+    /// chunk's reply gave, to read on in that same image.
+    pub export_id: u64,
+    /// Byte offset in the image.
+    pub offset: u64,
+    /// Most bytes wanted in this chunk.
+    pub max_len: u32,
+}
+
+impl<'a> ExportRequest<'a> {
+    pub(crate) fn read(r: &mut Reader<'a>) -> Result<ExportRequest<'a>, FrameError> {
+        Ok(ExportRequest {
+            table: r.name("table name")?,
+            incarnation: r.u64("incarnation")?,
+            version: r.u32("version")?,
+            partition: r.u32("partition")?,
+            export_id: r.u64("export id")?,
+            offset: r.u64("offset")?,
+            max_len: r.u32("max len")?,
+        })
+    }
+
+    pub(crate) fn write(&self, out: &mut Vec<u8>) -> Result<(), FrameError> {
+        wire::put_name(out, self.table, "table name")?;
+        put_u64(out, self.incarnation);
+        put_u32(out, self.version);
+        put_u32(out, self.partition);
+        put_u64(out, self.export_id);
+        put_u64(out, self.offset);
+        put_u32(out, self.max_len);
+        Ok(())
+    }
+}
+
+/// OK payload of an EXPORT_PARTITION response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExportChunk<'a> {
+    /// The export this chunk belongs to (name it to read on).
+    pub export_id: u64,
+    /// The whole image's length.
+    pub total: u64,
+    /// Whether the version was sealed when the image was taken (an open version's image is a
+    /// point-in-time copy; writes after it reach the copier directly).
+    pub sealed: bool,
+    /// The bytes at the requested offset (empty at or past the end).
+    pub chunk: &'a [u8],
+}
+
+impl<'a> ExportChunk<'a> {
+    pub(crate) fn read(r: &mut Reader<'a>) -> Result<ExportChunk<'a>, FrameError> {
+        Ok(ExportChunk {
+            export_id: r.u64("export id")?,
+            total: r.u64("total")?,
+            sealed: r.u8("sealed")? != 0,
+            chunk: r.bytes32("chunk")?,
+        })
+    }
+
+    pub(crate) fn write(&self, out: &mut Vec<u8>) -> Result<(), FrameError> {
+        put_u64(out, self.export_id);
+        put_u64(out, self.total);
+        put_u8(out, u8::from(self.sealed));
+        wire::put_bytes32(out, self.chunk, "chunk over 4 GiB")
+    }
+}

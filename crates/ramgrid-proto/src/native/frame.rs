@@ -51,6 +51,10 @@ pub enum Opcode {
     SetSpec = 0x20,
     /// Fetch the cluster spec and epoch.
     GetSpec = 0x21,
+    /// Read one chunk of a partition's image (server to server: moves and repairs).
+    ExportPartition = 0x22,
+    /// This server's view of membership and repair, as `key value` text lines.
+    ClusterStatus = 0x23,
     /// Batched read.
     Get = 0x30,
     /// Batched write.
@@ -61,7 +65,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every assigned opcode, in wire order.
-    pub const ALL: [Opcode; 15] = [
+    pub const ALL: [Opcode; 17] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::CreateTable,
@@ -74,6 +78,8 @@ impl Opcode {
         Opcode::DropVersion,
         Opcode::SetSpec,
         Opcode::GetSpec,
+        Opcode::ExportPartition,
+        Opcode::ClusterStatus,
         Opcode::Get,
         Opcode::Put,
         Opcode::Delete,
@@ -99,6 +105,8 @@ impl Opcode {
             Opcode::DropVersion => "DROP_VERSION",
             Opcode::SetSpec => "SET_SPEC",
             Opcode::GetSpec => "GET_SPEC",
+            Opcode::ExportPartition => "EXPORT_PARTITION",
+            Opcode::ClusterStatus => "CLUSTER_STATUS",
             Opcode::Get => "GET",
             Opcode::Put => "PUT",
             Opcode::Delete => "DELETE",

@@ -1,6 +1,8 @@
 //! Whole requests and responses: decoding a frame's body by opcode, and encoding a frame.
 
-use super::admin::{CreateTable, Hello, HelloOk, SpecReply, VersionRef};
+use super::admin::{
+    CreateTable, ExportChunk, ExportRequest, Hello, HelloOk, SpecReply, VersionRef,
+};
 use super::data::{GetReply, KeyBatch, KeyStatuses, Put};
 use super::error::FrameError;
 use super::frame::{Frame, Opcode, Pending, FLAG_RESPONSE};
@@ -44,6 +46,10 @@ pub enum Request<'a> {
     },
     /// GET_SPEC (empty body).
     GetSpec,
+    /// EXPORT_PARTITION.
+    ExportPartition(ExportRequest<'a>),
+    /// CLUSTER_STATUS (empty body).
+    ClusterStatus,
     /// GET.
     Get(KeyBatch<'a>),
     /// PUT.
@@ -89,6 +95,8 @@ impl<'a> Request<'a> {
                 spec: r.bytes32("spec")?,
             },
             Opcode::GetSpec => Request::GetSpec,
+            Opcode::ExportPartition => Request::ExportPartition(ExportRequest::read(&mut r)?),
+            Opcode::ClusterStatus => Request::ClusterStatus,
             Opcode::Get | Opcode::Put | Opcode::Delete => unreachable!("handled above"),
         };
         r.finish()?;
@@ -110,6 +118,8 @@ impl<'a> Request<'a> {
             Request::DropVersion(_) => Opcode::DropVersion,
             Request::SetSpec { .. } => Opcode::SetSpec,
             Request::GetSpec => Opcode::GetSpec,
+            Request::ExportPartition(_) => Opcode::ExportPartition,
+            Request::ClusterStatus => Opcode::ClusterStatus,
             Request::Get(_) => Opcode::Get,
             Request::Put(_) => Opcode::Put,
             Request::Delete(_) => Opcode::Delete,
@@ -125,7 +135,8 @@ impl<'a> Request<'a> {
         let out = &mut *p.out;
         match self {
             Request::Hello(h) => h.write(out)?,
-            Request::Ping | Request::ListTables | Request::GetSpec => {}
+            Request::Ping | Request::ListTables | Request::GetSpec | Request::ClusterStatus => {}
+            Request::ExportPartition(x) => x.write(out)?,
             Request::CreateTable(c) => c.write(out)?,
             Request::DropTable { name } | Request::DescribeTable { name } => {
                 wire::put_name(out, name, "table name")?
@@ -163,6 +174,10 @@ pub enum Response<'a> {
     },
     /// OK to GET_SPEC.
     Spec(SpecReply<'a>),
+    /// OK to EXPORT_PARTITION.
+    Export(ExportChunk<'a>),
+    /// OK to CLUSTER_STATUS: `key value` lines.
+    Status(&'a str),
     /// OK to GET.
     Get(GetReply<'a>),
     /// OK to PUT or DELETE.
@@ -215,6 +230,8 @@ impl<'a> Response<'a> {
                     epoch: r.u64("epoch")?,
                     spec: r.bytes32("spec")?,
                 }),
+                Opcode::ExportPartition => Response::Export(ExportChunk::read(&mut r)?),
+                Opcode::ClusterStatus => Response::Status(r.str32("status")?),
                 Opcode::Get => Response::Get(GetReply::read(&mut r)?),
                 Opcode::Put | Opcode::Delete => Response::KeyStatuses(KeyStatuses::read(&mut r)?),
             }
@@ -243,6 +260,8 @@ impl<'a> Response<'a> {
             Response::Table(_) => opcode == O::DescribeTable,
             Response::SpecSet { .. } => opcode == O::SetSpec,
             Response::Spec(_) => opcode == O::GetSpec,
+            Response::Export(_) => opcode == O::ExportPartition,
+            Response::Status(_) => opcode == O::ClusterStatus,
             Response::Get(_) => opcode == O::Get,
             Response::KeyStatuses(_) => matches!(opcode, O::Put | O::Delete),
         }
@@ -285,6 +304,8 @@ impl<'a> Response<'a> {
                 put_u64(out, s.epoch);
                 wire::put_bytes32(out, s.spec, "spec over 4 GiB")?;
             }
+            Response::Export(x) => x.write(out)?,
+            Response::Status(text) => wire::put_bytes32(out, text.as_bytes(), "status over 4 GiB")?,
             Response::Get(g) => g.write(out)?,
             Response::KeyStatuses(k) => k.write(out)?,
         }

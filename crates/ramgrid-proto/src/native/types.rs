@@ -47,11 +47,14 @@ pub enum Status {
     VersionNotSealed = 14,
     /// HELLO with a protocol version the server does not speak.
     UnsupportedProtocol = 15,
+    /// The server holds these partitions but is still copying them from a replica (it restarted,
+    /// or they are moving to it): read them elsewhere. The reply lists them, as NOT_OWNER does.
+    Repairing = 16,
 }
 
 impl Status {
     /// Every status, in wire order.
-    pub const ALL: [Status; 16] = [
+    pub const ALL: [Status; 17] = [
         Status::Ok,
         Status::WrongEpoch,
         Status::NotOwner,
@@ -68,6 +71,7 @@ impl Status {
         Status::VersionExists,
         Status::VersionNotSealed,
         Status::UnsupportedProtocol,
+        Status::Repairing,
     ];
 
     /// The status for a wire byte.
@@ -94,6 +98,7 @@ impl Status {
             Status::VersionExists => "VERSION_EXISTS",
             Status::VersionNotSealed => "VERSION_NOT_SEALED",
             Status::UnsupportedProtocol => "UNSUPPORTED_PROTOCOL",
+            Status::Repairing => "REPAIRING",
         }
     }
 
@@ -335,7 +340,8 @@ pub struct ErrorReply {
     pub status: Status,
     /// The server's epoch; on the wire only for [`Status::WrongEpoch`] (0 otherwise).
     pub server_epoch: u64,
-    /// Partitions the server does not hold; on the wire only for [`Status::NotOwner`].
+    /// Partitions the server does not hold ([`Status::NotOwner`]) or is repairing
+    /// ([`Status::Repairing`]); on the wire only for those two.
     pub partitions: Vec<u32>,
     /// Human-readable detail, possibly empty; cut to 65535 bytes when encoded.
     pub message: String,
@@ -368,13 +374,21 @@ impl ErrorReply {
         }
     }
 
+    /// [`Status::Repairing`] listing the partitions still being copied here.
+    pub fn repairing(partitions: Vec<u32>) -> ErrorReply {
+        ErrorReply {
+            partitions,
+            ..ErrorReply::new(Status::Repairing, "")
+        }
+    }
+
     /// Reads the part after the status byte.
     pub(crate) fn read(status: Status, r: &mut Reader<'_>) -> Result<ErrorReply, FrameError> {
         let mut e = ErrorReply::new(status, "");
         match status {
             Status::Ok => return Err(FrameError::Malformed("error status")),
             Status::WrongEpoch => e.server_epoch = r.u64("server epoch")?,
-            Status::NotOwner => {
+            Status::NotOwner | Status::Repairing => {
                 let n = r.u32("partition count")?;
                 if n as usize > r.remaining() / 4 {
                     return Err(FrameError::Truncated("partitions"));
@@ -395,7 +409,7 @@ impl ErrorReply {
         match self.status {
             Status::Ok => return Err(FrameError::Encode("error reply with status OK")),
             Status::WrongEpoch => put_u64(out, self.server_epoch),
-            Status::NotOwner => {
+            Status::NotOwner | Status::Repairing => {
                 let n = u32::try_from(self.partitions.len())
                     .map_err(|_| FrameError::Encode("partition count"))?;
                 put_u32(out, n);

@@ -87,6 +87,10 @@ impl<'a> Reader<'a> {
         self.take(n, what)
     }
 
+    pub(crate) fn str32(&mut self, what: &'static str) -> Result<&'a str, FrameError> {
+        std::str::from_utf8(self.bytes32(what)?).map_err(|_| FrameError::Malformed(what))
+    }
+
     pub(crate) fn str16(&mut self, what: &'static str) -> Result<&'a str, FrameError> {
         std::str::from_utf8(self.bytes16(what)?).map_err(|_| FrameError::Malformed(what))
     }

@@ -1,0 +1,276 @@
+//! Adding and removing servers: the client drives a move (docs/ARCHITECTURE.md, "Membership
+//! and repair").
+//!
+//! 1. Every server of both ends of the move gets the spec with the move in it (`next` lines):
+//!    new holders start taking writes for the partitions they gain (clients now write to the
+//!    replicas under both ends) and their repair threads copy those partitions from current
+//!    holders; old holders keep serving reads.
+//! 2. The client waits until every server reports nothing pending (CLUSTER_STATUS).
+//! 3. Every server of the new end gets the new spec: the move is complete, leaving copies are
+//!    dropped.
+//!
+//! A server refuses a move while another one is in progress, so two moves never interleave. A
+//! move that fails in step 1 is undone (the old spec goes back to the servers that took the new
+//! one); one that fails later can be resumed by asking for the same move again.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ramgrid_proto::cluster::ClusterSpec;
+use ramgrid_proto::native::{Request, Response};
+
+use crate::client::Client;
+use crate::conn::Pool;
+use crate::error::{Error, Result};
+
+/// One server's answer to CLUSTER_STATUS: its `key value` lines.
+pub type ServerStatus = BTreeMap<String, String>;
+
+/// What a completed move did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoveReport {
+    /// The servers before.
+    pub from: Vec<String>,
+    /// The servers after.
+    pub to: Vec<String>,
+    /// Partition copies made (one per version and partition).
+    pub partitions_copied: u64,
+    /// Image bytes copied.
+    pub bytes_copied: u64,
+    /// Wall time of the whole move.
+    pub seconds: f64,
+}
+
+/// How long a move may wait for its copies by default.
+pub const MOVE_TIMEOUT: Duration = Duration::from_secs(600);
+
+impl Client {
+    fn pool_for(&self, addr: &str) -> Arc<Pool> {
+        self.inner
+            .pools
+            .lock()
+            .entry(addr.to_owned())
+            .or_insert_with(|| Arc::new(Pool::new(addr.to_owned())))
+            .clone()
+    }
+
+    /// CLUSTER_STATUS of one server.
+    pub fn server_status(&self, addr: &str) -> Result<ServerStatus> {
+        let pool = self.pool_for(addr);
+        let mut out = ServerStatus::new();
+        self.request(&pool, &Request::ClusterStatus, |r| match r {
+            Response::Status(text) => {
+                for line in text.lines() {
+                    if let Some((k, v)) = line.split_once(' ') {
+                        // Repeated keys (one `repairing` line per version) are joined.
+                        out.entry(k.to_owned())
+                            .and_modify(|e: &mut String| {
+                                e.push_str("; ");
+                                e.push_str(v);
+                            })
+                            .or_insert_with(|| v.to_owned());
+                    }
+                }
+                Ok(())
+            }
+            other => Err(Error::Protocol {
+                server: addr.to_owned(),
+                message: format!("unexpected reply to CLUSTER_STATUS: {other:?}"),
+            }),
+        })?;
+        Ok(out)
+    }
+
+    /// CLUSTER_STATUS of every server of the spec (both ends of a move in progress), in order.
+    pub fn cluster_status(&self) -> Vec<(String, Result<ServerStatus>)> {
+        let _ = self.refresh_spec();
+        self.spec()
+            .members()
+            .into_iter()
+            .map(|a| {
+                let s = self.server_status(&a);
+                (a, s)
+            })
+            .collect()
+    }
+
+    fn set_spec_on(&self, addr: &str, spec: &ClusterSpec) -> Result<()> {
+        let text = spec.to_text();
+        self.request(
+            &self.pool_for(addr),
+            &Request::SetSpec {
+                spec: text.as_bytes(),
+            },
+            |r| match r {
+                Response::SpecSet { .. } => Ok(()),
+                other => Err(Error::Protocol {
+                    server: addr.to_owned(),
+                    message: format!("unexpected reply to SET_SPEC: {other:?}"),
+                }),
+            },
+        )
+    }
+
+    /// Adds the server at `addr` (running, empty) and moves to it the partitions it gets.
+    pub fn add_server(&self, addr: &str) -> Result<MoveReport> {
+        let _ = self.refresh_spec();
+        let spec = self.spec();
+        let mut to = spec.next().unwrap_or(spec.servers()).to_vec();
+        if to.iter().any(|s| s == addr) {
+            return Err(Error::InvalidArgument(format!("{addr} is already a member")));
+        }
+        to.push(addr.to_owned());
+        self.move_to(to, MOVE_TIMEOUT)
+    }
+
+    /// Moves every partition off the server at `addr`, then drops it from the spec (it can be
+    /// stopped afterwards).
+    pub fn remove_server(&self, addr: &str) -> Result<MoveReport> {
+        let _ = self.refresh_spec();
+        let spec = self.spec();
+        let from = spec.next().unwrap_or(spec.servers()).to_vec();
+        if !from.iter().any(|s| s == addr) {
+            return Err(Error::InvalidArgument(format!("{addr} is not a member")));
+        }
+        let to: Vec<String> = from.into_iter().filter(|s| s != addr).collect();
+        if to.is_empty() {
+            return Err(Error::InvalidArgument(
+                "cannot remove the last server".into(),
+            ));
+        }
+        self.move_to(to, MOVE_TIMEOUT)
+    }
+
+    /// Moves the cluster to the servers `to` (in that order): copies first, then the switch
+    /// (module docs). Waits at most `timeout` for the copies.
+    pub fn move_to(&self, to: Vec<String>, timeout: Duration) -> Result<MoveReport> {
+        let started = Instant::now();
+        self.refresh_spec()?;
+        let spec = self.spec();
+        let target = ClusterSpec::new(to.clone(), None)
+            .map_err(|e| Error::InvalidArgument(format!("bad server list: {e}")))?;
+        if spec.next().is_none() && spec.servers() == to.as_slice() {
+            return Ok(MoveReport {
+                from: to.clone(),
+                to,
+                partitions_copied: 0,
+                bytes_copied: 0,
+                seconds: 0.0,
+            });
+        }
+        if let Some(next) = spec.next() {
+            if next != to.as_slice() {
+                return Err(Error::InvalidArgument(format!(
+                    "a move to [{}] is in progress: finish it (ask for the same move) first",
+                    next.join(", ")
+                )));
+            }
+        }
+        let from = spec.servers().to_vec();
+        let moving = ClusterSpec::new(from.clone(), None)
+            .and_then(|s| s.with_next(to.clone()))
+            .map_err(|e| Error::InvalidArgument(format!("bad server list: {e}")))?;
+        let members = moving.members();
+        let copied = |statuses: &[(String, ServerStatus)], key: &str| -> u64 {
+            statuses
+                .iter()
+                .filter_map(|(_, s)| s.get(key)?.parse::<u64>().ok())
+                .sum()
+        };
+        let before: Vec<(String, ServerStatus)> = members
+            .iter()
+            .filter_map(|a| Some((a.clone(), self.server_status(a).ok()?)))
+            .collect();
+        // 1. The move, to every server of both ends; undone if any refuses. Servers joining
+        //    get it first and learn the tables before any client learns of the move (an old
+        //    holder's WRONG_EPOCH tells them), so the first writes routed to them find the tables.
+        let joining: Vec<String> = members.iter().filter(|a| !from.contains(a)).cloned().collect();
+        let mut order = joining.clone();
+        order.extend(members.iter().filter(|a| from.contains(a)).cloned());
+        let mut took = Vec::new();
+        for a in &order {
+            if took.len() == joining.len() {
+                self.wait_for(&joining, &moving, false, started + timeout)?;
+            }
+            match self.set_spec_on(a, &moving) {
+                Ok(()) => took.push(a.clone()),
+                Err(e) => {
+                    if spec.next().is_none() {
+                        for b in &took {
+                            let _ = self.set_spec_on(b, &spec);
+                        }
+                    }
+                    return Err(Error::InvalidArgument(format!(
+                        "{a} refused the move, nothing moved: {e}"
+                    )));
+                }
+            }
+        }
+        self.adopt_spec(moving.clone());
+        // 2. Wait for every copy.
+        self.wait_for(&members, &moving, true, started + timeout)?;
+        // 3. The switch, to every server of the new end.
+        let statuses_after: Vec<(String, ServerStatus)> = members
+            .iter()
+            .filter_map(|a| Some((a.clone(), self.server_status(a).ok()?)))
+            .collect();
+        for a in &to {
+            self.set_spec_on(a, &target)?;
+        }
+        self.adopt_spec(target);
+        Ok(MoveReport {
+            from,
+            to,
+            partitions_copied: copied(&statuses_after, "copied_partitions")
+                .saturating_sub(copied(&before, "copied_partitions")),
+            bytes_copied: copied(&statuses_after, "copied_bytes")
+                .saturating_sub(copied(&before, "copied_bytes")),
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Waits until every server of `servers` runs `spec` and has learned the tables (and, with
+    /// `copied`, has nothing pending).
+    fn wait_for(
+        &self,
+        servers: &[String],
+        spec: &ClusterSpec,
+        copied: bool,
+        deadline: Instant,
+    ) -> Result<()> {
+        let epoch = format!("{:016x}", spec.epoch());
+        loop {
+            let mut waiting = Vec::new();
+            for a in servers {
+                match self.server_status(a) {
+                    Ok(s) => {
+                        let get = |k: &str| s.get(k).map(String::as_str);
+                        let ready = get("epoch") == Some(epoch.as_str())
+                            && get("catalog_learned") == Some("1")
+                            && (!copied || get("pending_partitions") == Some("0"));
+                        if !ready {
+                            waiting.push(format!(
+                                "{a}: {} partitions pending{}",
+                                get("pending_partitions").unwrap_or("?"),
+                                get("last_error")
+                                    .map(|e| format!(" (last error: {e})"))
+                                    .unwrap_or_default()
+                            ));
+                        }
+                    }
+                    Err(e) => waiting.push(format!("{a}: {e}")),
+                }
+            }
+            if waiting.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    server: waiting.join("; "),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! Membership on this server: the installed cluster spec, the epochs it accepts, and each
+//! table's partitions in one of four states (docs/ARCHITECTURE.md, "Membership and repair"):
+//!
+//! | state     | held under           | reads          | writes   |
+//! |-----------|----------------------|----------------|----------|
+//! | owned     | the `server` list    | served         | taken    |
+//! | importing | the `next` list only, or owned but not copied in yet (a restart) | REPAIRING | taken |
+//! | leaving   | the `server` list only (a move in progress) | served | taken |
+//! | absent    | neither              | NOT_OWNER      | NOT_OWNER |
+//!
+//! A partition is importing, per version, exactly while the store has it *pending*
+//! (`ramgrid_store::tables` copy docs); the repair thread (`repair.rs`) copies it in from a
+//! replica. Leaving partitions are emptied when the move completes (the spec without `next`).
+//!
+//! Epochs: a request must carry this server's epoch, except that (1) during a move, reads routed
+//! under the spec the move started from are still served (they go to the old holders, which
+//! keep their data), and (2) once a move completed, requests routed under the move's spec are
+//! still served (its writes reached every new holder). Writes under the spec a move started
+//! from are refused: they would miss the new holders.
+
+use std::sync::atomic::Ordering;
+
+use ramgrid_proto::cluster::{ClusterSpec, PartitionMap};
+use ramgrid_proto::native::ErrorReply;
+use ramgrid_store::tables::TableSpec;
+
+use crate::native::NativeState;
+
+/// The installed cluster spec and what this server derives from it.
+#[derive(Debug, Clone)]
+pub struct ClusterState {
+    /// The spec as installed.
+    pub spec: ClusterSpec,
+    /// Its epoch.
+    pub epoch: u64,
+    /// This server's index among the spec's members, if it is one.
+    pub index: Option<u32>,
+    /// The epoch installed before this one, and whether writes routed under it are served.
+    pub previous: Option<(u64, bool)>,
+}
+
+impl ClusterState {
+    /// The partitions of `table` this server holds: its replicas under the `server` list and,
+    /// during a move, under the `next` list.
+    pub fn held(&self, table: &TableSpec) -> Vec<u32> {
+        let Some(i) = self.index else {
+            return Vec::new();
+        };
+        let map = PartitionMap::new(&self.spec, table.partitions, table.replication);
+        (0..map.partitions())
+            .filter(|&p| map.write_replicas(p).contains(&i))
+            .collect()
+    }
+}
+
+/// The partitions of `table` this server holds under `cluster` (all of them without a spec).
+pub fn held_partitions(cluster: Option<&ClusterState>, table: &TableSpec) -> Vec<u32> {
+    match cluster {
+        None => (0..table.partitions).collect(),
+        Some(c) => c.held(table),
+    }
+}
+
+/// Installs `spec` (from `--cluster-spec`, SET_SPEC or a peer) and moves every table's
+/// partitions to their new states. Refused: a spec that does not list this server, and a move
+/// while another move (to other servers) is in progress.
+pub fn install_spec(state: &NativeState, spec: ClusterSpec) -> Result<u64, String> {
+    let index = spec.index_of(&state.server_id).map(|i| i as u32);
+    if index.is_none() {
+        return Err(format!(
+            "this server ({}) is not listed in the spec",
+            state.server_id
+        ));
+    }
+    let epoch = spec.epoch();
+    let mut cluster = state.cluster.write();
+    let old = cluster.clone();
+    if let (Some(o), Some(next)) = (&old, spec.next()) {
+        if let Some(busy) = o.spec.next() {
+            if busy != next || o.spec.servers() != spec.servers() {
+                return Err(format!(
+                    "a move to [{}] is in progress: complete or abort it first",
+                    busy.join(", ")
+                ));
+            }
+        }
+    }
+    if old.as_ref().is_some_and(|o| o.epoch == epoch) {
+        return Ok(epoch);
+    }
+    // Writes under the spec a move started from would miss the new holders; under a move's own
+    // spec, once complete, they reached every holder of the new map.
+    let previous = old.as_ref().map(|o| (o.epoch, o.spec.next().is_some()));
+    let new = ClusterState {
+        spec: spec.clone(),
+        epoch,
+        index,
+        previous,
+    };
+    for name in state.tables.list() {
+        let Ok(info) = state.tables.describe(&name) else {
+            continue;
+        };
+        let now = new.held(&info.spec);
+        let gained: Vec<u32> = match &old {
+            // A first spec only narrows what a server without one held (all of it).
+            None => Vec::new(),
+            Some(_) => now.iter().copied().filter(|p| !info.held.contains(p)).collect(),
+        };
+        // Pending before held: no write can land in a gained partition untracked.
+        if !gained.is_empty() {
+            let _ = state.tables.mark_pending(&name, &gained);
+        }
+        let _ = state.tables.set_held_partitions(&name, &now);
+        if spec.next().is_none() {
+            let lost: Vec<u32> = info
+                .held
+                .iter()
+                .copied()
+                .filter(|p| !now.contains(p))
+                .collect();
+            let _ = state.tables.release_partitions(&name, &lost);
+        }
+    }
+    let first = old.is_none();
+    *cluster = Some(new);
+    drop(cluster);
+    if first || spec.next().is_some() {
+        // Learn the tables this server lacks from its peers, then copy what is pending.
+        state.repair.needs_catalog.store(true, Ordering::Release);
+    }
+    state.repair.wake();
+    Ok(epoch)
+}
+
+/// Refuses a request routed under an epoch this server does not serve (see the module docs).
+pub fn check_epoch(state: &NativeState, epoch: u64, write: bool) -> Result<(), ErrorReply> {
+    let cluster = state.cluster.read();
+    let Some(c) = cluster.as_ref() else {
+        return if epoch == 0 {
+            Ok(())
+        } else {
+            Err(ErrorReply::wrong_epoch(0))
+        };
+    };
+    if epoch == c.epoch {
+        return Ok(());
+    }
+    match c.previous {
+        Some((prev, writes_ok)) if prev == epoch => {
+            let moving = c.spec.next().is_some();
+            // During a move: reads under the old spec. After one: anything under the move's.
+            if (moving && !write) || (!moving && writes_ok) {
+                return Ok(());
+            }
+        }
+        _ => {}
+    }
+    Err(ErrorReply::wrong_epoch(c.epoch))
+}
+
+/// CLUSTER_STATUS: this server's view, one `key value` line each.
+pub fn status_text(state: &NativeState) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let cluster = state.cluster.read().clone();
+    let _ = writeln!(s, "server {}", state.server_id);
+    match &cluster {
+        None => {
+            let _ = writeln!(s, "epoch 0");
+        }
+        Some(c) => {
+            let _ = writeln!(s, "epoch {:016x}", c.epoch);
+            let _ = writeln!(s, "servers {}", c.spec.servers().join(","));
+            if let Some(next) = c.spec.next() {
+                let _ = writeln!(s, "next {}", next.join(","));
+            }
+        }
+    }
+    let (mut pending_parts, mut pending_versions) = (0u64, 0u64);
+    for name in state.tables.list() {
+        if let Ok(p) = state.tables.pending(&name) {
+            pending_versions += p.len() as u64;
+            pending_parts += p.iter().map(|v| v.partitions.len() as u64).sum::<u64>();
+            for v in p {
+                let _ = writeln!(
+                    s,
+                    "repairing {name} v{} partitions {}",
+                    v.version,
+                    v.partitions
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                );
+            }
+        }
+    }
+    let r = &state.repair;
+    let _ = writeln!(s, "pending_partitions {pending_parts}");
+    let _ = writeln!(s, "pending_versions {pending_versions}");
+    let _ = writeln!(
+        s,
+        "catalog_learned {}",
+        u8::from(!r.needs_catalog.load(Ordering::Acquire))
+    );
+    let _ = writeln!(s, "copied_partitions {}", r.copied_partitions.load(Ordering::Relaxed));
+    let _ = writeln!(s, "copied_bytes {}", r.copied_bytes.load(Ordering::Relaxed));
+    let _ = writeln!(s, "copy_failures {}", r.copy_failures.load(Ordering::Relaxed));
+    let last = r.last_error.lock().clone();
+    if !last.is_empty() {
+        let _ = writeln!(s, "last_error {}", last.replace('\n', " "));
+    }
+    s
+}

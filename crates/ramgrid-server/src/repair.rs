@@ -1,0 +1,407 @@
+//! The repair thread: a server brings itself up to date from its peers, without a person.
+//!
+//! 1. **Spec.** A server started without one, with `--join ADDR,...`, asks those peers for the
+//!    cluster spec (GET_SPEC) and installs the one most of them hold that lists it.
+//! 2. **Catalog.** After its first spec (a restart) and after every move it takes part in, it
+//!    asks every peer for its tables (LIST_TABLES) and adopts what it lacks: tables it does not
+//!    have (or has under another incarnation: dropped and created again while it was away),
+//!    versions, the current version and the high-water mark. What it adopts is *pending*
+//!    for every partition it holds (cluster.rs): refused to readers with REPAIRING, open to writes.
+//! 3. **Copy.** Every pending (version, partition) is copied from a replica that owns it, as a
+//!    flat image read in chunks of [`CHUNK`] bytes (EXPORT_PARTITION), and imported
+//!    (`Tables::import_image`); only then does this server serve reads of it. A partition no
+//!    replica can give stays pending (reads go elsewhere, or fail as unavailable): never served
+//!    empty.
+//!
+//! One thread, one partition at a time: a repair competes little with the traffic the server
+//! serves meanwhile. It wakes on every spec change and otherwise every [`PERIOD`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use ramgrid_proto::cluster::{ClusterSpec, PartitionMap};
+use ramgrid_proto::native::{self as wire, ExportRequest, Request, Response, Status};
+use ramgrid_store::tables::{Durability, TableSpec};
+
+use crate::native::{store_value_type, NativeState};
+use crate::peer::{Peer, PeerError};
+
+/// Bytes asked for per EXPORT_PARTITION chunk.
+pub const CHUNK: u32 = 4 << 20;
+/// How often the thread looks for work when nothing wakes it.
+const PERIOD: Duration = Duration::from_millis(500);
+
+/// What the repair thread shares with the rest of the server.
+#[derive(Default)]
+pub struct RepairState {
+    /// Peers to learn the spec from when none is installed (`--join`).
+    pub join: Vec<String>,
+    /// The table catalog must be (re)learned from the peers.
+    pub needs_catalog: AtomicBool,
+    /// Partitions copied in since start.
+    pub copied_partitions: AtomicU64,
+    /// Image bytes copied in since start.
+    pub copied_bytes: AtomicU64,
+    /// Copies that failed (each is retried).
+    pub copy_failures: AtomicU64,
+    /// The last failure, for CLUSTER_STATUS.
+    pub last_error: Mutex<String>,
+    woken: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl RepairState {
+    /// A state that learns its spec from `join` when it has none.
+    pub fn new(join: Vec<String>) -> RepairState {
+        RepairState {
+            join,
+            ..RepairState::default()
+        }
+    }
+
+    /// Wakes the repair thread now (a spec changed).
+    pub fn wake(&self) {
+        *self.woken.lock() = true;
+        self.cv.notify_one();
+    }
+
+    fn wait(&self, period: Duration) {
+        let mut woken = self.woken.lock();
+        if !*woken {
+            self.cv.wait_for(&mut woken, period);
+        }
+        *woken = false;
+    }
+
+    fn fail(&self, msg: String) {
+        self.copy_failures.fetch_add(1, Ordering::Relaxed);
+        eprintln!("ramgrid-server: repair: {msg}");
+        *self.last_error.lock() = msg;
+    }
+}
+
+/// Starts the repair thread; it ends when `stop` is set.
+pub fn spawn(
+    state: Arc<NativeState>,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("ramgrid-repair".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                state.repair.wait(PERIOD);
+                if stop.load(Ordering::Acquire) {
+                    break;
+                }
+                step(&state, &stop);
+            }
+        })
+}
+
+/// One pass: spec, catalog, copies.
+fn step(state: &NativeState, stop: &AtomicBool) {
+    if state.cluster.read().is_none() {
+        if !state.repair.join.is_empty() {
+            learn_spec(state);
+        }
+        if state.cluster.read().is_none() {
+            return;
+        }
+    }
+    if state.repair.needs_catalog.load(Ordering::Acquire) && learn_catalog(state) {
+        state.repair.needs_catalog.store(false, Ordering::Release);
+    }
+    for name in state.tables.list() {
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        copy_pending(state, &name);
+    }
+}
+
+fn token(state: &NativeState) -> Option<&str> {
+    state.token.as_deref()
+}
+
+/// Installs the spec most `--join` peers hold that lists this server.
+fn learn_spec(state: &NativeState) {
+    let mut seen: HashMap<u64, (usize, ClusterSpec)> = HashMap::new();
+    for addr in &state.repair.join {
+        let got = Peer::connect(addr, token(state)).and_then(|mut p| {
+            p.call(&Request::GetSpec, |r| match r {
+                Response::Spec(s) if s.epoch == 0 => Ok(None),
+                Response::Spec(s) => ClusterSpec::parse_bytes(s.spec)
+                    .map(Some)
+                    .map_err(|e| e.to_string()),
+                other => Err(format!("unexpected reply: {other:?}")),
+            })
+        });
+        if let Ok(Some(spec)) = got {
+            if spec.index_of(&state.server_id).is_some() {
+                seen.entry(spec.epoch()).or_insert((0, spec)).0 += 1;
+            }
+        }
+    }
+    if let Some((_, spec)) = seen.into_values().max_by_key(|(n, _)| *n) {
+        match crate::cluster::install_spec(state, spec) {
+            Ok(epoch) => eprintln!("ramgrid-server: learned the cluster spec from a peer (epoch {epoch:016x})"),
+            Err(e) => state.repair.fail(format!("spec from peers refused: {e}")),
+        }
+    }
+}
+
+/// The spec's members other than this server.
+fn peers(state: &NativeState) -> Vec<String> {
+    let cluster = state.cluster.read();
+    let Some(c) = cluster.as_ref() else {
+        return Vec::new();
+    };
+    c.spec
+        .members()
+        .into_iter()
+        .filter(|m| *m != state.server_id)
+        .collect()
+}
+
+/// Adopts the tables, versions and marks the peers hold and this server lacks. True once at
+/// least one peer answered (or there is none).
+fn learn_catalog(state: &NativeState) -> bool {
+    let peers = peers(state);
+    if peers.is_empty() {
+        return true;
+    }
+    let mut answers: Vec<Vec<wire::TableInfo>> = Vec::new();
+    for addr in &peers {
+        let got = Peer::connect(addr, token(state)).and_then(|mut p| {
+            p.call(&Request::ListTables, |r| match r {
+                Response::Tables(t) => Ok(t),
+                other => Err(format!("unexpected reply: {other:?}")),
+            })
+        });
+        match got {
+            Ok(t) => answers.push(t),
+            Err(e) => eprintln!("ramgrid-server: repair: catalog from {addr}: {e}"),
+        }
+    }
+    if answers.is_empty() {
+        return false;
+    }
+    let mut by_name: BTreeMap<String, Vec<wire::TableInfo>> = BTreeMap::new();
+    for t in answers.into_iter().flatten() {
+        by_name.entry(t.name.clone()).or_default().push(t);
+    }
+    for (name, infos) in by_name {
+        if let Err(e) = adopt(state, &name, infos) {
+            state.repair.fail(format!("table {name}: {e}"));
+        }
+    }
+    true
+}
+
+/// Brings table `name` in line with the peers' descriptions of it.
+fn adopt(
+    state: &NativeState,
+    name: &str,
+    infos: Vec<wire::TableInfo>,
+) -> Result<(), String> {
+    // The incarnation most peers hold wins; a tie is left alone (reported).
+    let mut votes: BTreeMap<u64, usize> = BTreeMap::new();
+    for t in &infos {
+        *votes.entry(t.incarnation).or_default() += 1;
+    }
+    let best = votes.values().copied().max().unwrap_or(0);
+    let winners: Vec<u64> = votes.iter().filter(|(_, &n)| n == best).map(|(&i, _)| i).collect();
+    if winners.len() != 1 {
+        return Err(format!("peers disagree on its incarnation: {winners:x?}"));
+    }
+    let incarnation = winners[0];
+    let infos: Vec<&wire::TableInfo> = infos.iter().filter(|t| t.incarnation == incarnation).collect();
+    let first = infos[0];
+    let spec = TableSpec {
+        name: name.to_owned(),
+        partitions: first.partitions,
+        replication: first.replication,
+        value_type: store_value_type(first.value_type),
+        durability: match first.durability {
+            wire::Durability::Memory => Durability::Memory,
+            wire::Durability::Snapshot => Durability::Snapshot,
+        },
+        incarnation,
+    };
+    let mut versions: BTreeMap<u32, bool> = BTreeMap::new();
+    let mut currents: BTreeMap<u32, usize> = BTreeMap::new();
+    let mut high_water = 0;
+    for t in &infos {
+        for v in &t.versions {
+            *versions.entry(v.number).or_default() |= v.sealed;
+        }
+        *currents.entry(t.current_version).or_default() += 1;
+        high_water = high_water.max(t.high_water);
+    }
+    let current = currents
+        .iter()
+        .max_by_key(|(_, &n)| n)
+        .map(|(&v, _)| v)
+        .unwrap_or(0);
+    let tables = &state.tables;
+    match tables.describe(name) {
+        Ok(local) if local.spec.incarnation == incarnation => {
+            for (&v, &sealed) in &versions {
+                if !local.versions.iter().any(|l| l.number == v) {
+                    tables.adopt_version(name, v, sealed).map_err(|e| e.to_string())?;
+                }
+            }
+            let _ = tables.raise_high_water(name, high_water);
+            if current != local.current && (current == 0 || versions.contains_key(&current)) {
+                let _ = tables.adopt_current(name, current);
+            }
+        }
+        other => {
+            if let Ok(stale) = other {
+                eprintln!(
+                    "ramgrid-server: repair: table {name} here is incarnation {:016x}, the peers' is {incarnation:016x}: replacing it",
+                    stale.spec.incarnation
+                );
+                if let Some(p) = &state.persist {
+                    p.drop_table(&stale.spec)?;
+                }
+                let _ = tables.drop_table(name);
+            }
+            let held = crate::cluster::held_partitions(state.cluster.read().as_ref(), &spec);
+            tables
+                .adopt_table(spec, &held, high_water)
+                .map_err(|e| e.to_string())?;
+            for (&v, &sealed) in &versions {
+                tables.adopt_version(name, v, sealed).map_err(|e| e.to_string())?;
+            }
+            let _ = tables.adopt_current(name, current);
+            eprintln!(
+                "ramgrid-server: repair: adopted table {name} ({} versions, current {current}) from peers",
+                versions.len()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Copies in every pending partition of table `name`.
+fn copy_pending(state: &NativeState, name: &str) {
+    let Ok(pending) = state.tables.pending(name) else {
+        return;
+    };
+    if pending.is_empty() {
+        return;
+    }
+    let Ok(info) = state.tables.describe(name) else {
+        return;
+    };
+    let Some(cluster) = state.cluster.read().clone() else {
+        return;
+    };
+    let map = PartitionMap::new(&cluster.spec, info.spec.partitions, info.spec.replication);
+    let members = cluster.spec.members();
+    let mut peers: HashMap<String, Peer> = HashMap::new();
+    for v in pending {
+        for p in v.partitions {
+            // Owners under the `server` list hold the data; self is never a source.
+            let sources: Vec<&String> = map
+                .replicas(p)
+                .iter()
+                .map(|&i| &members[i as usize])
+                .filter(|a| **a != state.server_id)
+                .collect();
+            let mut gone = 0usize;
+            let mut why = Vec::new();
+            let mut done = false;
+            for src in &sources {
+                match copy_one(state, &mut peers, src, &info.spec, v.version, p) {
+                    Ok(()) => {
+                        done = true;
+                        break;
+                    }
+                    Err(PeerError::Refused(e)) if e.status == Status::NoSuchVersion => {
+                        gone += 1;
+                        why.push(format!("{src}: no such version"));
+                    }
+                    Err(e) => {
+                        peers.remove(*src);
+                        why.push(format!("{src}: {e}"));
+                    }
+                }
+            }
+            if done {
+                continue;
+            }
+            if !sources.is_empty() && gone == sources.len() {
+                // Every owner dropped it while this server was away.
+                let _ = state.tables.drop_version(name, v.version, true);
+                eprintln!("ramgrid-server: repair: {name} v{} was dropped by its replicas: dropped here", v.version);
+                break;
+            }
+            state.repair.fail(format!(
+                "{name} v{} partition {p}: no replica could give it ({})",
+                v.version,
+                if why.is_empty() { "no other replica".to_string() } else { why.join("; ") }
+            ));
+        }
+    }
+}
+
+/// Copies one (version, partition) from `src` and imports it.
+fn copy_one(
+    state: &NativeState,
+    peers: &mut HashMap<String, Peer>,
+    src: &str,
+    spec: &TableSpec,
+    version: u32,
+    partition: u32,
+) -> Result<(), PeerError> {
+    let started = Instant::now();
+    if !peers.contains_key(src) {
+        peers.insert(src.to_owned(), Peer::connect(src, token(state))?);
+    }
+    let peer = peers.get_mut(src).expect("just inserted");
+    let (mut id, mut image, mut sealed, mut total) = (0u64, Vec::new(), false, u64::MAX);
+    while (image.len() as u64) < total {
+        let req = Request::ExportPartition(ExportRequest {
+            table: &spec.name,
+            incarnation: spec.incarnation,
+            version,
+            partition,
+            export_id: id,
+            offset: image.len() as u64,
+            max_len: CHUNK,
+        });
+        let before = image.len();
+        peer.call(&req, |r| match r {
+            Response::Export(c) => {
+                id = c.export_id;
+                total = c.total;
+                sealed = c.sealed;
+                image.extend_from_slice(c.chunk);
+                Ok(())
+            }
+            other => Err(format!("unexpected reply: {other:?}")),
+        })?;
+        if image.len() == before && (image.len() as u64) < total {
+            return Err(PeerError::Failed(format!("{src}: empty chunk before the end")));
+        }
+    }
+    let items = state
+        .tables
+        .import_image(&spec.name, version, partition, &image, sealed)
+        .map_err(|e| PeerError::Failed(format!("import from {src}: {e}")))?;
+    let r = &state.repair;
+    r.copied_partitions.fetch_add(1, Ordering::Relaxed);
+    r.copied_bytes.fetch_add(image.len() as u64, Ordering::Relaxed);
+    eprintln!(
+        "ramgrid-server: repair: copied {} v{version} partition {partition} from {src}: {items} items, {} bytes, {:.0} ms",
+        spec.name,
+        image.len(),
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(())
+}

@@ -1,0 +1,345 @@
+//! Copying partitions between servers: the store's half of moves and repairs
+//! (docs/ARCHITECTURE.md, "Membership and repair").
+//!
+//! A partition that a server should hold but whose data it does not have yet is *pending* in
+//! each version that lacks it: reads of it are refused ([`Error::Repairing`]) so clients read a
+//! replica instead, and, in an open version, writes are taken (clients send every write to it
+//! during the copy) and their keys remembered. The copy arrives as a flat image
+//! (docs/partition-image.md) taken from a replica:
+//!
+//! - into a sealed version, the image replaces the partition whole (the version is rebuilt
+//!   around it, sharing its other partitions);
+//! - into an open version, every key of the image is stored unless a write here touched it since
+//!   the copy began: those writes came later than the copy's, or with it (the image was taken
+//!   after this server started taking writes for the partition, see the server's repair), so
+//!   they stand. Deletes are remembered the same way, so the copy cannot bring a key back.
+//!
+//! Either way the partition stops being pending only when its whole copy is in.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::partition::{Meter, PartData};
+use super::{KeyStatus, PartSlot, Table, TableSpec, TableState, TableVersion, Tables, Version};
+use crate::{Error, Result};
+
+/// Whether a version is sealed, and which of its partitions are pending here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingVersion {
+    /// The version number.
+    pub version: u32,
+    /// Whether it is sealed.
+    pub sealed: bool,
+    /// Its held partitions whose data is not here yet, ascending.
+    pub partitions: Vec<u32>,
+}
+
+impl TableVersion {
+    /// The image of one partition for a copy, and whether it is of a sealed version. A sealed
+    /// partition's image is its frozen data's; an open one's is a point-in-time copy, taken
+    /// under the partition's read lock (writers wait for the copy, readers do not). A pending
+    /// partition is refused ([`Error::Repairing`]): it has nothing whole to give.
+    pub fn export_image(&self, partition: u32) -> Result<(Vec<u8>, bool)> {
+        let slot = self.slot_any(partition)?;
+        if slot.pending.load(Ordering::Acquire) {
+            return Err(Error::Repairing(partition));
+        }
+        if slot.frozen.get().is_some() {
+            return Ok((self.partition_image(partition)?, true));
+        }
+        let copy = slot.read(|data| {
+            // Unlimited meter: the copy is transient and not table data here.
+            let mut copy = PartData::new(self.value_type(), Arc::new(Meter::new(usize::MAX)));
+            copy.put_many(
+                (0..data.len()).map(|i| (data.key(i), data.value(i))),
+                usize::MAX,
+                usize::MAX,
+                |_| {},
+            );
+            copy
+        });
+        let mut copy = copy;
+        copy.freeze();
+        let img = crate::image::image_bytes(&copy).map_err(|e| Error::Invalid(e.to_string()))?;
+        Ok((img, false))
+    }
+
+    /// The slot of `partition`, held or not (a leaving partition can still be copied).
+    fn slot_any(&self, partition: u32) -> Result<&PartSlot> {
+        self.version
+            .parts
+            .get(partition as usize)
+            .ok_or_else(|| Error::Invalid(format!("partition {partition} out of range")))
+    }
+}
+
+impl Version {
+    /// A sealed version like `old` whose partitions in `replace` hold the given data instead
+    /// (`None`: pending, empty). The other partitions are shared with `old`.
+    fn rebuilt(
+        old: &Version,
+        spec: &TableSpec,
+        meter: &Arc<Meter>,
+        mut replace: Vec<(u32, Option<PartData>)>,
+    ) -> Result<Version> {
+        let mut v = Version::new(old.number, spec, meter)?;
+        for (i, (slot, prev)) in v.parts.iter_mut().zip(old.parts.iter()).enumerate() {
+            *slot.open.get_mut() = None;
+            let (data, pending) = match replace.iter().position(|(p, _)| *p as usize == i) {
+                Some(at) => {
+                    let data = replace.swap_remove(at).1;
+                    let pending = data.is_none();
+                    (data.map(Arc::new), pending)
+                }
+                None => (
+                    prev.frozen.get().cloned(),
+                    prev.pending.load(Ordering::Acquire),
+                ),
+            };
+            let data =
+                data.unwrap_or_else(|| Arc::new(PartData::new(spec.value_type, meter.clone())));
+            let _ = slot.frozen.set(data);
+            *slot.pending.get_mut() = pending;
+        }
+        *v.sealed.get_mut() = true;
+        Ok(v)
+    }
+}
+
+impl Tables {
+    /// Creates a table copied from a replica's description: no version yet (they are added by
+    /// [`Tables::adopt_version`]), holding `held`, with the replica's high-water mark.
+    pub fn adopt_table(&self, spec: TableSpec, held: &[u32], high_water: u32) -> Result<()> {
+        let mask = Self::held_mask(&spec, held)?;
+        let mut tables = self.tables.write();
+        if tables.contains_key(&spec.name) {
+            return Err(Error::TableExists(spec.name));
+        }
+        let state = TableState {
+            versions: Default::default(),
+            current: 0,
+            high_water,
+            held: mask.into(),
+        };
+        tables.insert(
+            spec.name.clone(),
+            Arc::new(Table {
+                spec,
+                state: parking_lot::RwLock::new(state),
+            }),
+        );
+        Ok(())
+    }
+
+    /// Adds version `version` as a replica has it (the same number names the same contents, so
+    /// the high-water mark does not stop it), with every held partition pending until its copy
+    /// is imported. A sealed one is empty and sealed; an open one takes writes at once.
+    pub fn adopt_version(&self, name: &str, version: u32, sealed: bool) -> Result<()> {
+        let table = self.table(name)?;
+        let mut st = table.state.write();
+        if st.versions.contains_key(&version) {
+            return Err(Error::VersionExists(version));
+        }
+        let v = Version::new(version, &table.spec, &self.meter)?;
+        for (p, slot) in v.parts.iter().enumerate() {
+            if !st.held[p] {
+                continue;
+            }
+            slot.pending.store(true, Ordering::Release);
+            if !sealed {
+                *slot.touched.lock() = Some(HashSet::new());
+            }
+        }
+        if sealed {
+            for slot in v.parts.iter() {
+                if let Some(mut data) = slot.open.write().take() {
+                    data.freeze();
+                    let _ = slot.frozen.set(Arc::new(data));
+                }
+            }
+            v.sealed.store(true, Ordering::Release);
+        }
+        st.high_water = st.high_water.max(version);
+        st.versions.insert(version, Arc::new(v));
+        Ok(())
+    }
+
+    /// Points a copied table at `version` as its replicas do. Unlike [`Tables::set_current`] an
+    /// open version is accepted: the mutable head (version 1) is current while open.
+    pub fn adopt_current(&self, name: &str, version: u32) -> Result<()> {
+        let table = self.table(name)?;
+        let mut st = table.state.write();
+        if version != 0 && !st.versions.contains_key(&version) {
+            return Err(Error::NoSuchVersion(version));
+        }
+        st.current = version;
+        Ok(())
+    }
+
+    /// Marks `partitions` pending in every version of table `name` (this server starts holding
+    /// them and must copy them in). An open partition is emptied (anything there is from an
+    /// earlier time it was held, and stale) and starts remembering the keys written to it.
+    /// Call before the server starts taking writes for them.
+    pub fn mark_pending(&self, name: &str, partitions: &[u32]) -> Result<()> {
+        let table = self.table(name)?;
+        let st = table.state.read();
+        for v in st.versions.values() {
+            for &p in partitions {
+                let Some(slot) = v.parts.get(p as usize) else {
+                    continue;
+                };
+                let mut open = slot.open.write();
+                if let Some(data) = open.as_mut() {
+                    *data = PartData::new(table.spec.value_type, self.meter.clone());
+                    *slot.touched.lock() = Some(HashSet::new());
+                }
+                slot.pending.store(true, Ordering::Release);
+            }
+        }
+        Ok(())
+    }
+
+    /// The versions of table `name` with held partitions still pending here.
+    pub fn pending(&self, name: &str) -> Result<Vec<PendingVersion>> {
+        let table = self.table(name)?;
+        let st = table.state.read();
+        let mut out = Vec::new();
+        for v in st.versions.values() {
+            let partitions: Vec<u32> = (0..table.spec.partitions)
+                .filter(|&p| st.held[p as usize] && v.parts[p as usize].pending.load(Ordering::Acquire))
+                .collect();
+            if !partitions.is_empty() {
+                out.push(PendingVersion {
+                    version: v.number,
+                    sealed: v.sealed.load(Ordering::Acquire),
+                    partitions,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Brings a copy of `partition` of `version` in from `image` (taken from a replica) and
+    /// ends its pending state; returns the items copied. `sealed` says whether the replica's
+    /// version was sealed when the image was taken. Into a sealed version the image replaces
+    /// the partition; into an open one its keys are stored except those written here since the
+    /// copy began (module docs). On error (a corrupt image, memory) nothing changed for a sealed
+    /// version, and an open one stays pending (a retry stores the same keys again).
+    pub fn import_image(
+        &self,
+        name: &str,
+        version: u32,
+        partition: u32,
+        image: &[u8],
+        sealed: bool,
+    ) -> Result<usize> {
+        let table = self.table(name)?;
+        let spec = &table.spec;
+        if partition >= spec.partitions {
+            return Err(Error::Invalid(format!("partition {partition} out of range")));
+        }
+        let v = table.state.read().lookup(version)?;
+        let slot = &v.parts[partition as usize];
+        if slot.frozen.get().is_some() {
+            let data = crate::image::read_image(image, Some(spec.value_type), &self.meter)?;
+            let items = data.len();
+            self.replace_sealed(&table, &v, vec![(partition, Some(data))])?;
+            return Ok(items);
+        }
+        // Open here. Validate the image apart (uncharged: only what is stored counts), then
+        // merge under the partition's write lock so no write can slip between check and store.
+        let copy = crate::image::read_image(
+            image,
+            Some(spec.value_type),
+            &Arc::new(Meter::new(usize::MAX)),
+        )?;
+        let mut open = slot.open.write();
+        let Some(data) = open.as_mut() else {
+            // Sealed since we looked: try again as a sealed import.
+            drop(open);
+            return self.import_image(name, version, partition, image, sealed);
+        };
+        let mut touched = slot.touched.lock();
+        let skip = touched.take().unwrap_or_default();
+        let mut refused = None;
+        let mut stored = 0usize;
+        data.put_many(
+            (0..copy.len())
+                .map(|i| (copy.key(i), copy.value(i)))
+                .filter(|(k, _)| !skip.contains(*k)),
+            super::MAX_KEY_LEN,
+            usize::MAX,
+            |st| {
+                if st == KeyStatus::Ok {
+                    stored += 1;
+                } else if refused.is_none() {
+                    refused = Some(st);
+                }
+            },
+        );
+        if let Some(st) = refused {
+            *touched = Some(skip);
+            return Err(match st {
+                KeyStatus::OutOfMemory => Error::OutOfMemory,
+                other => Error::Invalid(format!("copy of partition {partition}: {other:?}")),
+            });
+        }
+        slot.pending.store(false, Ordering::Release);
+        Ok(stored)
+    }
+
+    /// Empties `partitions` in every version of table `name`: this server no longer holds them
+    /// (they moved away), so their memory goes back to the budget.
+    pub fn release_partitions(&self, name: &str, partitions: &[u32]) -> Result<()> {
+        if partitions.is_empty() {
+            return Ok(());
+        }
+        let table = self.table(name)?;
+        let versions: Vec<Arc<Version>> = table.state.read().versions.values().cloned().collect();
+        for v in versions {
+            if v.sealed.load(Ordering::Acquire) {
+                let replace: Vec<(u32, Option<PartData>)> = partitions
+                    .iter()
+                    .map(|&p| {
+                        let empty = PartData::new(table.spec.value_type, self.meter.clone());
+                        (p, Some(empty))
+                    })
+                    .collect();
+                // A version dropped meanwhile has nothing left to release.
+                let _ = self.replace_sealed(&table, &v, replace);
+                continue;
+            }
+            for &p in partitions {
+                if let Some(slot) = v.parts.get(p as usize) {
+                    let mut open = slot.open.write();
+                    if let Some(data) = open.as_mut() {
+                        *data = PartData::new(table.spec.value_type, self.meter.clone());
+                    }
+                    *slot.touched.lock() = None;
+                    slot.pending.store(false, Ordering::Release);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces sealed version `old` of `table` by one whose `replace` partitions hold the given
+    /// data; readers holding `old` keep reading it.
+    fn replace_sealed(
+        &self,
+        table: &Arc<Table>,
+        old: &Arc<Version>,
+        replace: Vec<(u32, Option<PartData>)>,
+    ) -> Result<()> {
+        let new = Version::rebuilt(old, &table.spec, &self.meter, replace)?;
+        let mut st = table.state.write();
+        match st.versions.get(&old.number) {
+            Some(cur) if Arc::ptr_eq(cur, old) => {
+                st.versions.insert(old.number, Arc::new(new));
+                Ok(())
+            }
+            _ => Err(Error::NoSuchVersion(old.number)),
+        }
+    }
+}
