@@ -134,8 +134,11 @@ pub fn install_spec(state: &NativeState, spec: ClusterSpec) -> Result<u64, Strin
 }
 
 /// Refuses a request routed under an epoch this server does not serve (see the module docs).
-pub fn check_epoch(state: &NativeState, epoch: u64, write: bool) -> Result<(), ErrorReply> {
-    let cluster = state.cluster.read();
+///
+/// Takes the installed state (a read guard the caller holds for the whole request, so that a
+/// spec installed meanwhile waits for the request to finish: a write checked under the old spec
+/// is never applied after the new one took effect).
+pub fn check_epoch(cluster: &Option<ClusterState>, epoch: u64, write: bool) -> Result<(), ErrorReply> {
     let Some(c) = cluster.as_ref() else {
         return if epoch == 0 {
             Ok(())
@@ -150,7 +153,7 @@ pub fn check_epoch(state: &NativeState, epoch: u64, write: bool) -> Result<(), E
         Some((prev, writes_ok)) if prev == epoch => {
             let moving = c.spec.next().is_some();
             // During a move: reads under the old spec. After one: anything under the move's.
-            if (moving && !write) || (!moving && writes_ok) {
+            if (moving && !write) || (!moving && writes_ok && epoch != 0) {
                 return Ok(());
             }
         }

@@ -46,6 +46,8 @@ impl Exports {
         let mut live = self.live.lock();
         live.retain(|_, e| now.duration_since(e.used) < IDLE);
         let (id, image, sealed) = if req.export_id == 0 {
+            // Only under the copier's spec: every write from now on reaches the copier too.
+            crate::cluster::check_epoch(&state.cluster.read(), req.epoch, false)?;
             if live.len() >= MAX_LIVE {
                 return Err(ErrorReply::new(
                     Status::TooLarge,

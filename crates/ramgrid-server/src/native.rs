@@ -381,6 +381,13 @@ impl Conn {
                     },
                     incarnation: c.incarnation,
                 };
+                if let Ok(have) = state.tables.describe(&spec.name) {
+                    // The same table (its incarnation is the creator's, random): this server
+                    // learned it from a peer first (repair.rs). Creating it is then done.
+                    if have.spec == spec {
+                        return done(out, Response::Done);
+                    }
+                }
                 let held = held_partitions(state.cluster.read().as_ref(), &spec);
                 let name = spec.name.clone();
                 state
@@ -498,7 +505,7 @@ impl Conn {
                 )
             }
             Request::Get(b) => {
-                check_epoch(state, b.epoch, false)?;
+                check_epoch(&state.cluster.read(), b.epoch, false)?;
                 // Resolve the version once: every group of this frame reads that one version.
                 let tv = state
                     .tables
@@ -536,7 +543,9 @@ impl Conn {
                 w.finish().map_err(enc)
             }
             Request::Put(p) => {
-                check_epoch(state, p.epoch, true)?;
+                // Held until the write is done: a spec change waits for it (cluster.rs).
+                let cluster = state.cluster.read();
+                check_epoch(&cluster, p.epoch, true)?;
                 let tv = writable(
                     state,
                     p.table,
@@ -562,7 +571,8 @@ impl Conn {
                 self.write_statuses(out, Opcode::Put, id)
             }
             Request::Delete(b) => {
-                check_epoch(state, b.epoch, true)?;
+                let cluster = state.cluster.read();
+                check_epoch(&cluster, b.epoch, true)?;
                 let tv = writable(
                     state,
                     b.table,
@@ -635,8 +645,12 @@ fn check_incarnation(tv: &TableVersion, incarnation: u64) -> Result<(), ErrorRep
     Ok(())
 }
 
-fn check_epoch(state: &NativeState, epoch: u64, write: bool) -> Result<(), ErrorReply> {
-    crate::cluster::check_epoch(state, epoch, write)
+fn check_epoch(
+    cluster: &Option<crate::cluster::ClusterState>,
+    epoch: u64,
+    write: bool,
+) -> Result<(), ErrorReply> {
+    crate::cluster::check_epoch(cluster, epoch, write)
 }
 
 /// Refuses with REPAIRING, listing them, a read of partitions this server holds but is still

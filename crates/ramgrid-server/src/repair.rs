@@ -303,6 +303,7 @@ fn copy_pending(state: &NativeState, name: &str) {
     };
     let map = PartitionMap::new(&cluster.spec, info.spec.partitions, info.spec.replication);
     let members = cluster.spec.members();
+    let epoch = cluster.epoch;
     let mut peers: HashMap<String, Peer> = HashMap::new();
     for v in pending {
         for p in v.partitions {
@@ -314,10 +315,11 @@ fn copy_pending(state: &NativeState, name: &str) {
                 .filter(|a| **a != state.server_id)
                 .collect();
             let mut gone = 0usize;
+            let mut quiet = false;
             let mut why = Vec::new();
             let mut done = false;
             for src in &sources {
-                match copy_one(state, &mut peers, src, &info.spec, v.version, p) {
+                match copy_one(state, &mut peers, src, &info.spec, (epoch, v.version), p) {
                     Ok(()) => {
                         done = true;
                         break;
@@ -325,6 +327,11 @@ fn copy_pending(state: &NativeState, name: &str) {
                     Err(PeerError::Refused(e)) if e.status == Status::NoSuchVersion => {
                         gone += 1;
                         why.push(format!("{src}: no such version"));
+                    }
+                    // Not at our spec yet (a move reaching it): try again on the next pass.
+                    Err(PeerError::Refused(e)) if e.status == Status::WrongEpoch => {
+                        why.push(format!("{src}: not at this epoch yet"));
+                        quiet = true;
                     }
                     Err(e) => {
                         peers.remove(*src);
@@ -341,6 +348,9 @@ fn copy_pending(state: &NativeState, name: &str) {
                 eprintln!("ramgrid-server: repair: {name} v{} was dropped by its replicas: dropped here", v.version);
                 break;
             }
+            if quiet {
+                continue;
+            }
             state.repair.fail(format!(
                 "{name} v{} partition {p}: no replica could give it ({})",
                 v.version,
@@ -356,7 +366,7 @@ fn copy_one(
     peers: &mut HashMap<String, Peer>,
     src: &str,
     spec: &TableSpec,
-    version: u32,
+    (epoch, version): (u64, u32),
     partition: u32,
 ) -> Result<(), PeerError> {
     let started = Instant::now();
@@ -371,6 +381,7 @@ fn copy_one(
             incarnation: spec.incarnation,
             version,
             partition,
+            epoch,
             export_id: id,
             offset: image.len() as u64,
             max_len: CHUNK,

@@ -149,6 +149,9 @@ pub struct ExportRequest<'a> {
     pub version: u32,
     /// The partition.
     pub partition: u32,
+    /// The copier's epoch: the exporter must run the same spec (during a move, a replica that
+    /// has not taken the move yet still takes writes the copier would miss).
+    pub epoch: u64,
     /// 0 to start a new export (the server takes the image then); otherwise the id a previous
     /// chunk's reply gave, to read on in that same image.
     pub export_id: u64,
@@ -165,6 +168,7 @@ impl<'a> ExportRequest<'a> {
             incarnation: r.u64("incarnation")?,
             version: r.u32("version")?,
             partition: r.u32("partition")?,
+            epoch: r.u64("epoch")?,
             export_id: r.u64("export id")?,
             offset: r.u64("offset")?,
             max_len: r.u32("max len")?,
@@ -176,6 +180,7 @@ impl<'a> ExportRequest<'a> {
         put_u64(out, self.incarnation);
         put_u32(out, self.version);
         put_u32(out, self.partition);
+        put_u64(out, self.epoch);
         put_u64(out, self.export_id);
         put_u64(out, self.offset);
         put_u32(out, self.max_len);
