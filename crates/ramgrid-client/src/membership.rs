@@ -118,7 +118,9 @@ impl Client {
         let spec = self.spec();
         let mut to = spec.next().unwrap_or(spec.servers()).to_vec();
         if to.iter().any(|s| s == addr) {
-            return Err(Error::InvalidArgument(format!("{addr} is already a member")));
+            return Err(Error::InvalidArgument(format!(
+                "{addr} is already a member"
+            )));
         }
         to.push(addr.to_owned());
         self.move_to(to, MOVE_TIMEOUT)
@@ -185,7 +187,11 @@ impl Client {
         // 1. The move, to every server of both ends; undone if any refuses. Servers joining
         //    get it first and learn the tables before any client learns of the move (an old
         //    holder's WRONG_EPOCH tells them), so the first writes routed to them find the tables.
-        let joining: Vec<String> = members.iter().filter(|a| !from.contains(a)).cloned().collect();
+        let joining: Vec<String> = members
+            .iter()
+            .filter(|a| !from.contains(a))
+            .cloned()
+            .collect();
         let mut order = joining.clone();
         order.extend(members.iter().filter(|a| from.contains(a)).cloned());
         let mut took = Vec::new();

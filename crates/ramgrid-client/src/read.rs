@@ -416,7 +416,10 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
                         Ok(Handled::Failed(Error::Server {
                             server: addr.clone(),
                             status: "REPAIRING",
-                            message: format!("partitions {:?} being repaired {}", e.partitions, e.message),
+                            message: format!(
+                                "partitions {:?} being repaired {}",
+                                e.partitions, e.message
+                            ),
                         }))
                     }
                     Response::Error(e) if e.status == Status::Internal => {

@@ -33,7 +33,10 @@ fn check_exact(c: &Client, table: &str, names: &[String], vals: &[i64], what: &s
         let got = c
             .get(table, Keys::Slices(chunk_k), 0)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert!(got.found.iter().all(|&f| f), "{what}: a key read as missing");
+        assert!(
+            got.found.iter().all(|&f| f),
+            "{what}: a key read as missing"
+        );
         assert_eq!(i64s(&got.values), chunk_v, "{what}: values differ");
     }
 }
@@ -65,11 +68,21 @@ fn adding_and_removing_a_server_under_load_keeps_every_value() {
     c.create_table("sealed", 32, 2, ValueType::I64).unwrap();
     let names = keys(20_000, "s");
     let vals: Vec<i64> = (0..names.len() as i64).map(|i| i * 3).collect();
-    c.put("sealed", Keys::Slices(&slices(&names)), ValuesRef::I64(&vals), 0)
-        .unwrap();
+    c.put(
+        "sealed",
+        Keys::Slices(&slices(&names)),
+        ValuesRef::I64(&vals),
+        0,
+    )
+    .unwrap();
     assert_eq!(c.create_version("sealed").unwrap(), 2);
-    c.put("sealed", Keys::Slices(&slices(&names)), ValuesRef::I64(&vals), 2)
-        .unwrap();
+    c.put(
+        "sealed",
+        Keys::Slices(&slices(&names)),
+        ValuesRef::I64(&vals),
+        2,
+    )
+    .unwrap();
     c.seal_version("sealed", 2).unwrap();
     c.set_current("sealed", 2).unwrap();
     c.create_table("open", 16, 2, ValueType::I64).unwrap();
@@ -84,7 +97,12 @@ fn adding_and_removing_a_server_under_load_keeps_every_value() {
             while !stop.load(Ordering::Acquire) && round < 2000 {
                 let names = keys(200, &format!("w{round}-"));
                 let vals: Vec<i64> = (0..200).map(|i| round * 1000 + i).collect();
-                match w.put("open", Keys::Slices(&slices(&names)), ValuesRef::I64(&vals), 0) {
+                match w.put(
+                    "open",
+                    Keys::Slices(&slices(&names)),
+                    ValuesRef::I64(&vals),
+                    0,
+                ) {
                     Ok(_) => acked.lock().unwrap().extend(names.into_iter().zip(vals)),
                     Err(ramgrid_client::Error::Batch { failures }) => {
                         let bad: std::collections::HashSet<usize> =
@@ -103,12 +121,19 @@ fn adding_and_removing_a_server_under_load_keeps_every_value() {
         })
     };
     let reader = {
-        let (stop, config, names, vals) = (stop.clone(), cluster.config(), names.clone(), vals.clone());
+        let (stop, config, names, vals) =
+            (stop.clone(), cluster.config(), names.clone(), vals.clone());
         std::thread::spawn(move || {
             let r = Client::new(config).unwrap();
             let mut reads = 0usize;
             while !stop.load(Ordering::Acquire) {
-                check_exact(&r, "sealed", &names[..2000], &vals[..2000], "reader during a move");
+                check_exact(
+                    &r,
+                    "sealed",
+                    &names[..2000],
+                    &vals[..2000],
+                    "reader during a move",
+                );
                 reads += 1;
             }
             reads
@@ -143,8 +168,20 @@ fn adding_and_removing_a_server_under_load_keeps_every_value() {
     let acked = acked.lock().unwrap().clone();
     assert!(!acked.is_empty());
     let (an, av): (Vec<String>, Vec<i64>) = acked.into_iter().unzip();
-    check_exact(&c, "open", &an, &av, "acknowledged writes after 3 -> 4 -> 3");
-    check_exact(&c, "sealed", &names, &vals, "sealed after the removed server died");
+    check_exact(
+        &c,
+        "open",
+        &an,
+        &av,
+        "acknowledged writes after 3 -> 4 -> 3",
+    );
+    check_exact(
+        &c,
+        "sealed",
+        &names,
+        &vals,
+        "sealed after the removed server died",
+    );
 }
 
 /// A server killed and started empty on its address learns the spec and the tables from its
@@ -160,7 +197,10 @@ fn a_restarted_server_repairs_itself_before_serving() {
     c.put("t", Keys::Slices(&slices(&names)), ValuesRef::I64(&vals), 0)
         .unwrap();
 
-    let others: Vec<String> = vec![cluster.servers[0].addr.clone(), cluster.servers[2].addr.clone()];
+    let others: Vec<String> = vec![
+        cluster.servers[0].addr.clone(),
+        cluster.servers[2].addr.clone(),
+    ];
     cluster.servers[1].kill();
     // Written while it is down: the repair must bring these too.
     let later = keys(2_000, "later");
@@ -168,8 +208,13 @@ fn a_restarted_server_repairs_itself_before_serving() {
     let mut c1 = cluster.config();
     c1.ack = ramgrid_client::Ack::One;
     let w = Client::new(c1).unwrap();
-    w.put("t", Keys::Slices(&slices(&later)), ValuesRef::I64(&later_vals), 0)
-        .unwrap();
+    w.put(
+        "t",
+        Keys::Slices(&slices(&later)),
+        ValuesRef::I64(&later_vals),
+        0,
+    )
+    .unwrap();
 
     // Started empty with --join: no client has to push anything.
     let join = others.join(",");
@@ -178,12 +223,21 @@ fn a_restarted_server_repairs_itself_before_serving() {
     check_exact(&c, "t", &names, &vals, "reads while it repairs");
     wait_repaired(&c, &addr);
     let status = c.server_status(&addr).unwrap();
-    assert_ne!(status.get("copied_partitions").map(String::as_str), Some("0"));
+    assert_ne!(
+        status.get("copied_partitions").map(String::as_str),
+        Some("0")
+    );
 
     // Now the others die one at a time: what the repaired server serves must be whole.
     cluster.servers[0].kill();
     check_exact(&c, "t", &names, &vals, "after server 0 died");
-    check_exact(&c, "t", &later, &later_vals, "later writes after server 0 died");
+    check_exact(
+        &c,
+        "t",
+        &later,
+        &later_vals,
+        "later writes after server 0 died",
+    );
 }
 
 /// Sends SET_SPEC with `spec` to `addr` on a raw connection; the server's answer.
@@ -238,14 +292,20 @@ fn a_second_move_is_refused_while_one_is_in_progress() {
         .unwrap();
     let extra = Server::start(&[]);
     let other = Server::start(&[]);
-    let (a, b) = (cluster.servers[0].addr.clone(), cluster.servers[1].addr.clone());
+    let (a, b) = (
+        cluster.servers[0].addr.clone(),
+        cluster.servers[1].addr.clone(),
+    );
     // A move left in progress, as a coordinator that died after step 1 leaves it.
     let to = vec![a.clone(), b.clone(), extra.addr.clone()];
     let moving = c.spec().with_next(to.clone()).unwrap();
     for m in moving.members() {
         raw_set_spec(&m, &moving).unwrap();
     }
-    let another = c.spec().with_next(vec![a.clone(), other.addr.clone()]).unwrap();
+    let another = c
+        .spec()
+        .with_next(vec![a.clone(), other.addr.clone()])
+        .unwrap();
     let refused = raw_set_spec(&a, &another).unwrap_err();
     assert!(refused.contains("in progress"), "{refused}");
     let err = c

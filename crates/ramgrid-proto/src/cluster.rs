@@ -354,7 +354,12 @@ impl PartitionMap {
         if let Some(next) = spec.next() {
             let members = spec.members();
             let target = PartitionMap::from_servers(next, partitions, replication);
-            let id = |i: u32| members.iter().position(|m| *m == next[i as usize]).unwrap_or(0) as u32;
+            let id = |i: u32| {
+                members
+                    .iter()
+                    .position(|m| *m == next[i as usize])
+                    .unwrap_or(0) as u32
+            };
             map.next = target.replicas.iter().map(|&i| id(i)).collect();
             map.next_replication = target.replication;
             map.servers = members.len() as u32;
@@ -503,6 +508,38 @@ mod tests {
 
     fn servers(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("127.0.0.1:{}", 7001 + i)).collect()
+    }
+
+    #[test]
+    fn a_move_has_its_own_epoch_and_writes_reach_both_ends() {
+        let from = servers(4);
+        let to = servers(5);
+        let spec = ClusterSpec::new(from.clone(), None).unwrap();
+        let moving = spec.clone().with_next(to.clone()).unwrap();
+        let text = moving.to_text();
+        assert!(text.contains("next 127.0.0.1:7005"));
+        assert_eq!(ClusterSpec::parse(&text).unwrap(), moving);
+        assert_eq!(moving.members(), to);
+        assert_eq!(moving.target().unwrap().servers(), &to[..]);
+        let (e0, e1, e2) = (epoch_of(&from), moving.epoch(), epoch_of(&to));
+        assert!(e1 != e0 && e1 != e2);
+        let (old, new) = (
+            PartitionMap::new(&spec, 64, 2),
+            PartitionMap::from_servers(&to, 64, 2),
+        );
+        let map = PartitionMap::new(&moving, 64, 2);
+        assert!(map.is_moving());
+        for p in 0..64 {
+            assert_eq!(map.replicas(p), old.replicas(p), "reads follow the old end");
+            assert_eq!(map.next_replicas(p), new.replicas(p), "indices are shared");
+            let w = map.write_replicas(p);
+            assert!(old
+                .replicas(p)
+                .iter()
+                .chain(new.replicas(p))
+                .all(|s| w.contains(s)));
+        }
+        assert!(ClusterSpec::parse("server a:1\nnext a:1\nnext a:1\n").is_err());
     }
 
     #[test]

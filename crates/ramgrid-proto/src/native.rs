@@ -21,9 +21,7 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
-pub use admin::{
-    CreateTable, ExportChunk, ExportRequest, Hello, HelloOk, SpecReply, VersionRef,
-};
+pub use admin::{CreateTable, ExportChunk, ExportRequest, Hello, HelloOk, SpecReply, VersionRef};
 pub use data::{
     encode_delete, encode_get, Delete, Get, GetReply, GetReplyIter, GetReplyWriter, KeyBatch,
     KeyBatchWriter, KeyGroup, KeyGroupIter, KeyGroups, KeyStatusWriter, KeyStatuses, Keys, Put,

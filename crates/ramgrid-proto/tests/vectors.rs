@@ -263,6 +263,17 @@ fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
                 Opcode::DropVersion => Request::DropVersion(vr()),
                 Opcode::SetSpec => Request::SetSpec { spec: &spec },
                 Opcode::GetSpec => Request::GetSpec,
+                Opcode::ClusterStatus => Request::ClusterStatus,
+                Opcode::ExportPartition => Request::ExportPartition(ExportRequest {
+                    table: s(&f["table"]),
+                    incarnation: u(&f["incarnation"]),
+                    version: u32_(&f["version"]),
+                    partition: u32_(&f["partition"]),
+                    epoch: u(&f["epoch"]),
+                    export_id: u(&f["export_id"]),
+                    offset: u(&f["offset"]),
+                    max_len: u32_(&f["max_len"]),
+                }),
                 Opcode::Get | Opcode::Put | Opcode::Delete => unreachable!(),
             };
             req.encode(&mut out, id).unwrap();
@@ -298,6 +309,7 @@ fn encode_response(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
             .collect()
     };
     let spec = f.get("spec_hex").map(|t| unhex(s(t))).unwrap_or_default();
+    let chunk = f.get("chunk_hex").map(|t| unhex(s(t))).unwrap_or_default();
     let resp = match op {
         Opcode::Get => {
             let vt = vt_from_json(&f["value_type"]);
@@ -339,6 +351,13 @@ fn encode_response(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
             epoch: u(&f["epoch"]),
             spec: &spec,
         }),
+        Opcode::ExportPartition => Response::Export(ExportChunk {
+            export_id: u(&f["export_id"]),
+            total: u(&f["total"]),
+            sealed: f["sealed"].as_bool().expect("bool"),
+            chunk: &chunk,
+        }),
+        Opcode::ClusterStatus => Response::Status(s(&f["text"])),
         _ => Response::Done,
     };
     resp.encode(&mut out, op, id).unwrap();
@@ -362,7 +381,14 @@ fn request_json(req: &Request<'_>) -> Value {
         Request::Hello(h) => json!({
             "protocol_version": h.protocol_version, "token_hex": hex(h.token), "client_name": h.client_name,
         }),
-        Request::Ping | Request::ListTables | Request::GetSpec => json!({}),
+        Request::Ping | Request::ListTables | Request::GetSpec | Request::ClusterStatus => {
+            json!({})
+        }
+        Request::ExportPartition(x) => json!({
+            "table": x.table, "incarnation": x.incarnation, "version": x.version,
+            "partition": x.partition, "epoch": x.epoch, "export_id": x.export_id,
+            "offset": x.offset, "max_len": x.max_len,
+        }),
         Request::CreateTable(c) => json!({
             "name": c.name, "partitions": c.partitions, "replication": c.replication,
             "value_type": vt_to_json(c.value_type), "durability": durability_to_json(c.durability),
@@ -408,7 +434,7 @@ fn response_json(resp: &Response<'_>) -> Value {
             if e.status == Status::WrongEpoch {
                 put("server_epoch", json!(e.server_epoch));
             }
-            if e.status == Status::NotOwner {
+            if matches!(e.status, Status::NotOwner | Status::Repairing) {
                 put("partitions", json!(e.partitions));
             }
             put("message", json!(e.message));
@@ -425,6 +451,15 @@ fn response_json(resp: &Response<'_>) -> Value {
         }
         Response::Table(t) => {
             put("table", table_json(t));
+        }
+        Response::Export(x) => {
+            put("export_id", json!(x.export_id));
+            put("total", json!(x.total));
+            put("sealed", json!(x.sealed));
+            put("chunk_hex", json!(hex(x.chunk)));
+        }
+        Response::Status(text) => {
+            put("text", json!(text));
         }
         Response::SpecSet { epoch } => {
             put("epoch", json!(epoch));

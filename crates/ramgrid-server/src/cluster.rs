@@ -105,7 +105,11 @@ pub fn install_spec(state: &NativeState, spec: ClusterSpec) -> Result<u64, Strin
         let gained: Vec<u32> = match &old {
             // A first spec only narrows what a server without one held (all of it).
             None => Vec::new(),
-            Some(_) => now.iter().copied().filter(|p| !info.held.contains(p)).collect(),
+            Some(_) => now
+                .iter()
+                .copied()
+                .filter(|p| !info.held.contains(p))
+                .collect(),
         };
         // Pending before held: no write can land in a gained partition untracked.
         if !gained.is_empty() {
@@ -123,9 +127,10 @@ pub fn install_spec(state: &NativeState, spec: ClusterSpec) -> Result<u64, Strin
         }
     }
     let first = old.is_none();
+    let joining = !spec.servers().contains(&state.server_id);
     *cluster = Some(new);
     drop(cluster);
-    if first || spec.next().is_some() {
+    if first || joining {
         // Learn the tables this server lacks from its peers, then copy what is pending.
         state.repair.needs_catalog.store(true, Ordering::Release);
     }
@@ -138,7 +143,11 @@ pub fn install_spec(state: &NativeState, spec: ClusterSpec) -> Result<u64, Strin
 /// Takes the installed state (a read guard the caller holds for the whole request, so that a
 /// spec installed meanwhile waits for the request to finish: a write checked under the old spec
 /// is never applied after the new one took effect).
-pub fn check_epoch(cluster: &Option<ClusterState>, epoch: u64, write: bool) -> Result<(), ErrorReply> {
+pub fn check_epoch(
+    cluster: &Option<ClusterState>,
+    epoch: u64,
+    write: bool,
+) -> Result<(), ErrorReply> {
     let Some(c) = cluster.as_ref() else {
         return if epoch == 0 {
             Ok(())
@@ -207,9 +216,17 @@ pub fn status_text(state: &NativeState) -> String {
         "catalog_learned {}",
         u8::from(!r.needs_catalog.load(Ordering::Acquire))
     );
-    let _ = writeln!(s, "copied_partitions {}", r.copied_partitions.load(Ordering::Relaxed));
+    let _ = writeln!(
+        s,
+        "copied_partitions {}",
+        r.copied_partitions.load(Ordering::Relaxed)
+    );
     let _ = writeln!(s, "copied_bytes {}", r.copied_bytes.load(Ordering::Relaxed));
-    let _ = writeln!(s, "copy_failures {}", r.copy_failures.load(Ordering::Relaxed));
+    let _ = writeln!(
+        s,
+        "copy_failures {}",
+        r.copy_failures.load(Ordering::Relaxed)
+    );
     let last = r.last_error.lock().clone();
     if !last.is_empty() {
         let _ = writeln!(s, "last_error {}", last.replace('\n', " "));

@@ -384,7 +384,9 @@ impl Conn {
                 if let Ok(have) = state.tables.describe(&spec.name) {
                     // The same table (its incarnation is the creator's, random): this server
                     // learned it from a peer first (repair.rs). Creating it is then done.
+                    // Its creation is happening now, so no write predates it: nothing to copy.
                     if have.spec == spec {
+                        let _ = state.tables.clear_pending(&spec.name);
                         return done(out, Response::Done);
                     }
                 }
@@ -455,6 +457,16 @@ impl Conn {
                         crate::persist::SealError::Disk(e) => disk_refusal(e),
                     })?;
                     return done(out, Response::Done);
+                }
+                if let Request::CreateVersion(_) = req {
+                    // Learned from a peer an instant before its creator got here (repair.rs).
+                    if state
+                        .tables
+                        .claim_learned_version(v.table, n)
+                        .unwrap_or(false)
+                    {
+                        return done(out, Response::Done);
+                    }
                 }
                 let r = match req {
                     Request::CreateVersion(_) => state.tables.create_version(v.table, n),
@@ -655,7 +667,10 @@ fn check_epoch(
 
 /// Refuses with REPAIRING, listing them, a read of partitions this server holds but is still
 /// copying in from a replica: the client reads them elsewhere.
-fn check_copied(tv: &TableVersion, partitions: impl Iterator<Item = u32>) -> Result<(), ErrorReply> {
+fn check_copied(
+    tv: &TableVersion,
+    partitions: impl Iterator<Item = u32>,
+) -> Result<(), ErrorReply> {
     let mut pending: Vec<u32> = partitions.filter(|&p| tv.is_missing(p)).collect();
     if pending.is_empty() {
         return Ok(());

@@ -43,15 +43,19 @@ pub struct Peer {
 impl Peer {
     /// Connects to `addr` and says HELLO with `token`.
     pub fn connect(addr: &str, token: Option<&str>) -> Result<Peer, PeerError> {
-        let failed = |what: &str, e: std::io::Error| PeerError::Failed(format!("{addr}: {what}: {e}"));
+        let failed =
+            |what: &str, e: std::io::Error| PeerError::Failed(format!("{addr}: {what}: {e}"));
         let sa = addr
             .to_socket_addrs()
             .map_err(|e| failed("resolve", e))?
             .next()
             .ok_or_else(|| PeerError::Failed(format!("{addr}: no address")))?;
-        let sock = TcpStream::connect_timeout(&sa, CONNECT_TIMEOUT).map_err(|e| failed("connect", e))?;
-        sock.set_read_timeout(Some(TIMEOUT)).map_err(|e| failed("socket", e))?;
-        sock.set_write_timeout(Some(TIMEOUT)).map_err(|e| failed("socket", e))?;
+        let sock =
+            TcpStream::connect_timeout(&sa, CONNECT_TIMEOUT).map_err(|e| failed("connect", e))?;
+        sock.set_read_timeout(Some(TIMEOUT))
+            .map_err(|e| failed("socket", e))?;
+        sock.set_write_timeout(Some(TIMEOUT))
+            .map_err(|e| failed("socket", e))?;
         let _ = sock.set_nodelay(true);
         let mut peer = Peer {
             addr: addr.to_owned(),
@@ -87,7 +91,8 @@ impl Peer {
         let id = self.next_id;
         self.next_id += 1;
         let mut out = Vec::new();
-        req.encode(&mut out, id).map_err(|e| failed(format!("encode: {e}")))?;
+        req.encode(&mut out, id)
+            .map_err(|e| failed(format!("encode: {e}")))?;
         self.sock
             .write_all(&out)
             .map_err(|e| failed(format!("write: {e}")))?;

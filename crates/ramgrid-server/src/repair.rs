@@ -147,7 +147,9 @@ fn learn_spec(state: &NativeState) {
     }
     if let Some((_, spec)) = seen.into_values().max_by_key(|(n, _)| *n) {
         match crate::cluster::install_spec(state, spec) {
-            Ok(epoch) => eprintln!("ramgrid-server: learned the cluster spec from a peer (epoch {epoch:016x})"),
+            Ok(epoch) => eprintln!(
+                "ramgrid-server: learned the cluster spec from a peer (epoch {epoch:016x})"
+            ),
             Err(e) => state.repair.fail(format!("spec from peers refused: {e}")),
         }
     }
@@ -202,23 +204,26 @@ fn learn_catalog(state: &NativeState) -> bool {
 }
 
 /// Brings table `name` in line with the peers' descriptions of it.
-fn adopt(
-    state: &NativeState,
-    name: &str,
-    infos: Vec<wire::TableInfo>,
-) -> Result<(), String> {
+fn adopt(state: &NativeState, name: &str, infos: Vec<wire::TableInfo>) -> Result<(), String> {
     // The incarnation most peers hold wins; a tie is left alone (reported).
     let mut votes: BTreeMap<u64, usize> = BTreeMap::new();
     for t in &infos {
         *votes.entry(t.incarnation).or_default() += 1;
     }
     let best = votes.values().copied().max().unwrap_or(0);
-    let winners: Vec<u64> = votes.iter().filter(|(_, &n)| n == best).map(|(&i, _)| i).collect();
+    let winners: Vec<u64> = votes
+        .iter()
+        .filter(|(_, &n)| n == best)
+        .map(|(&i, _)| i)
+        .collect();
     if winners.len() != 1 {
         return Err(format!("peers disagree on its incarnation: {winners:x?}"));
     }
     let incarnation = winners[0];
-    let infos: Vec<&wire::TableInfo> = infos.iter().filter(|t| t.incarnation == incarnation).collect();
+    let infos: Vec<&wire::TableInfo> = infos
+        .iter()
+        .filter(|t| t.incarnation == incarnation)
+        .collect();
     let first = infos[0];
     let spec = TableSpec {
         name: name.to_owned(),
@@ -251,7 +256,9 @@ fn adopt(
         Ok(local) if local.spec.incarnation == incarnation => {
             for (&v, &sealed) in &versions {
                 if !local.versions.iter().any(|l| l.number == v) {
-                    tables.adopt_version(name, v, sealed).map_err(|e| e.to_string())?;
+                    tables
+                        .adopt_version(name, v, sealed)
+                        .map_err(|e| e.to_string())?;
                 }
             }
             let _ = tables.raise_high_water(name, high_water);
@@ -275,7 +282,9 @@ fn adopt(
                 .adopt_table(spec, &held, high_water)
                 .map_err(|e| e.to_string())?;
             for (&v, &sealed) in &versions {
-                tables.adopt_version(name, v, sealed).map_err(|e| e.to_string())?;
+                tables
+                    .adopt_version(name, v, sealed)
+                    .map_err(|e| e.to_string())?;
             }
             let _ = tables.adopt_current(name, current);
             eprintln!(
@@ -345,7 +354,10 @@ fn copy_pending(state: &NativeState, name: &str) {
             if !sources.is_empty() && gone == sources.len() {
                 // Every owner dropped it while this server was away.
                 let _ = state.tables.drop_version(name, v.version, true);
-                eprintln!("ramgrid-server: repair: {name} v{} was dropped by its replicas: dropped here", v.version);
+                eprintln!(
+                    "ramgrid-server: repair: {name} v{} was dropped by its replicas: dropped here",
+                    v.version
+                );
                 break;
             }
             if quiet {
@@ -354,7 +366,11 @@ fn copy_pending(state: &NativeState, name: &str) {
             state.repair.fail(format!(
                 "{name} v{} partition {p}: no replica could give it ({})",
                 v.version,
-                if why.is_empty() { "no other replica".to_string() } else { why.join("; ") }
+                if why.is_empty() {
+                    "no other replica".to_string()
+                } else {
+                    why.join("; ")
+                }
             ));
         }
     }
@@ -398,7 +414,9 @@ fn copy_one(
             other => Err(format!("unexpected reply: {other:?}")),
         })?;
         if image.len() == before && (image.len() as u64) < total {
-            return Err(PeerError::Failed(format!("{src}: empty chunk before the end")));
+            return Err(PeerError::Failed(format!(
+                "{src}: empty chunk before the end"
+            )));
         }
     }
     let items = state
@@ -407,7 +425,8 @@ fn copy_one(
         .map_err(|e| PeerError::Failed(format!("import from {src}: {e}")))?;
     let r = &state.repair;
     r.copied_partitions.fetch_add(1, Ordering::Relaxed);
-    r.copied_bytes.fetch_add(image.len() as u64, Ordering::Relaxed);
+    r.copied_bytes
+        .fetch_add(image.len() as u64, Ordering::Relaxed);
     eprintln!(
         "ramgrid-server: repair: copied {} v{version} partition {partition} from {src}: {items} items, {} bytes, {:.0} ms",
         spec.name,

@@ -200,6 +200,44 @@ impl Tables {
         Ok(())
     }
 
+    /// Ends every pending state of table `name` without a copy: its creator's CREATE_TABLE has
+    /// reached this server after the server learned the table from a peer (a table created while
+    /// this server was joining), so there is nothing older to copy.
+    pub fn clear_pending(&self, name: &str) -> Result<()> {
+        let table = self.table(name)?;
+        let st = table.state.read();
+        for v in st.versions.values() {
+            for slot in v.parts.iter() {
+                let _open = slot.open.write();
+                *slot.touched.lock() = None;
+                slot.pending.store(false, Ordering::Release);
+            }
+        }
+        Ok(())
+    }
+
+    /// CREATE_VERSION of a version this server learned from a peer while its creator was still
+    /// creating it (open, nothing copied yet): ends its pending state and says true, as if this
+    /// server had created it. False if the version is not such a one.
+    pub fn claim_learned_version(&self, name: &str, version: u32) -> Result<bool> {
+        let table = self.table(name)?;
+        let st = table.state.read();
+        let Some(v) = st.versions.get(&version) else {
+            return Ok(false);
+        };
+        if v.sealed.load(Ordering::Acquire)
+            || !v.parts.iter().any(|s| s.pending.load(Ordering::Acquire))
+        {
+            return Ok(false);
+        }
+        for slot in v.parts.iter() {
+            let _open = slot.open.write();
+            *slot.touched.lock() = None;
+            slot.pending.store(false, Ordering::Release);
+        }
+        Ok(true)
+    }
+
     /// The versions of table `name` with held partitions still pending here.
     pub fn pending(&self, name: &str) -> Result<Vec<PendingVersion>> {
         let table = self.table(name)?;
@@ -207,7 +245,9 @@ impl Tables {
         let mut out = Vec::new();
         for v in st.versions.values() {
             let partitions: Vec<u32> = (0..table.spec.partitions)
-                .filter(|&p| st.held[p as usize] && v.parts[p as usize].pending.load(Ordering::Acquire))
+                .filter(|&p| {
+                    st.held[p as usize] && v.parts[p as usize].pending.load(Ordering::Acquire)
+                })
                 .collect();
             if !partitions.is_empty() {
                 out.push(PendingVersion {
@@ -237,7 +277,9 @@ impl Tables {
         let table = self.table(name)?;
         let spec = &table.spec;
         if partition >= spec.partitions {
-            return Err(Error::Invalid(format!("partition {partition} out of range")));
+            return Err(Error::Invalid(format!(
+                "partition {partition} out of range"
+            )));
         }
         let v = table.state.read().lookup(version)?;
         let slot = &v.parts[partition as usize];
