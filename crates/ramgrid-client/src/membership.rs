@@ -42,6 +42,9 @@ pub struct MoveReport {
     pub seconds: f64,
 }
 
+/// A server of a move that does not answer for this long ends (and undoes) the move.
+pub const DEAD_AFTER: Duration = Duration::from_secs(10);
+
 /// How long a move may wait for its copies by default.
 pub const MOVE_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -214,8 +217,20 @@ impl Client {
             }
         }
         self.adopt_spec(moving.clone());
-        // 2. Wait for every copy.
-        self.wait_for(&members, &moving, true, started + timeout)?;
+        // 2. Wait for every copy. A move that cannot finish is undone: until it is, every write
+        //    to a moving partition needs the unreachable server.
+        if let Err(e) = self.wait_for(&members, &moving, true, started + timeout) {
+            if let Ok(back) = ClusterSpec::new(from.clone(), None) {
+                for b in &members {
+                    let _ = self.set_spec_on(b, &back);
+                }
+            }
+            let _ = self.refresh_spec();
+            return Err(Error::InvalidArgument(format!(
+                "the move to [{}] could not finish and was undone: {e}",
+                to.join(", ")
+            )));
+        }
         // 3. The switch, to every server of the new end.
         let statuses_after: Vec<(String, ServerStatus)> = members
             .iter()
@@ -246,10 +261,25 @@ impl Client {
         deadline: Instant,
     ) -> Result<()> {
         let epoch = format!("{:016x}", spec.epoch());
+        let mut unreachable_since: BTreeMap<&str, Instant> = BTreeMap::new();
         loop {
             let mut waiting = Vec::new();
             for a in servers {
-                match self.server_status(a) {
+                let status = self.server_status(a);
+                match &status {
+                    Ok(_) => {
+                        unreachable_since.remove(a.as_str());
+                    }
+                    Err(e) => {
+                        let since = *unreachable_since.entry(a).or_insert_with(Instant::now);
+                        if since.elapsed() > DEAD_AFTER {
+                            return Err(Error::InvalidArgument(format!(
+                                "{a} unreachable for {DEAD_AFTER:?}: {e}"
+                            )));
+                        }
+                    }
+                }
+                match status {
                     Ok(s) => {
                         let get = |k: &str| s.get(k).map(String::as_str);
                         let ready = get("epoch") == Some(epoch.as_str())

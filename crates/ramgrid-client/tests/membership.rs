@@ -317,3 +317,35 @@ fn a_second_move_is_refused_while_one_is_in_progress() {
     assert_eq!(done.to, to);
     check_exact(&c, "t", &names, &vals, "after the resumed move");
 }
+
+/// A move whose new server cannot take its copies (here: no memory for them) is undone when it
+/// times out: the old servers serve every read and take every write again.
+#[test]
+fn a_move_that_cannot_finish_is_undone() {
+    let cluster = Cluster::start(3);
+    let c = cluster.client();
+    c.create_table("t", 16, 2, ValueType::I64).unwrap();
+    let names = keys(50_000, "k");
+    let vals: Vec<i64> = (0..names.len() as i64).collect();
+    c.put("t", Keys::Slices(&slices(&names)), ValuesRef::I64(&vals), 0)
+        .unwrap();
+    let before = c.epoch();
+    let starved = Server::start(&["--table-memory", "64KiB"]);
+    let mut to = cluster.addrs();
+    to.push(starved.addr.clone());
+    let err = c.move_to(to, Duration::from_secs(3)).unwrap_err();
+    assert!(err.to_string().contains("undone"), "{err}");
+    c.refresh_spec().unwrap();
+    assert_eq!(c.epoch(), before);
+    check_exact(&c, "t", &names, &vals, "after the undone move");
+    let more = keys(1000, "after");
+    let more_vals: Vec<i64> = (0..1000).collect();
+    c.put(
+        "t",
+        Keys::Slices(&slices(&more)),
+        ValuesRef::I64(&more_vals),
+        0,
+    )
+    .expect("writes flow again");
+    check_exact(&c, "t", &more, &more_vals, "writes after the undone move");
+}

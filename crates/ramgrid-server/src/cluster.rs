@@ -90,7 +90,14 @@ pub fn install_spec(state: &NativeState, spec: ClusterSpec) -> Result<u64, Strin
     }
     // Writes under the spec a move started from would miss the new holders; under a move's own
     // spec, once complete, they reached every holder of the new map.
-    let previous = old.as_ref().map(|o| (o.epoch, o.spec.next().is_some()));
+    // (Not after an undone move: its writes need servers that are not replicas any more.)
+    let previous = old.as_ref().map(|o| {
+        let completed = o
+            .spec
+            .target()
+            .is_some_and(|t| t.servers() == spec.servers());
+        (o.epoch, completed && spec.next().is_none())
+    });
     let new = ClusterState {
         spec: spec.clone(),
         epoch,

@@ -7,7 +7,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use ramgrid_proto::native::{
-    parse_frame, ErrorReply, FrameError, Hello, Opcode, Request, Response, PROTOCOL_VERSION,
+    parse_frame, ErrorReply, FrameError, Hello, Request, Response, PROTOCOL_VERSION,
 };
 
 /// How long one request to a peer may take, and its connect.
@@ -127,10 +127,4 @@ impl Peer {
             }
         }
     }
-}
-
-/// The opcode of a request, for messages.
-pub fn op_name(req: &Request<'_>) -> &'static str {
-    let op: Opcode = req.opcode();
-    op.name()
 }

@@ -78,8 +78,12 @@ impl RepairState {
 
     fn fail(&self, msg: String) {
         self.copy_failures.fetch_add(1, Ordering::Relaxed);
-        eprintln!("ramgrid-server: repair: {msg}");
-        *self.last_error.lock() = msg;
+        let mut last = self.last_error.lock();
+        // Retried every pass: say it once, not twice a second.
+        if *last != msg {
+            eprintln!("ramgrid-server: repair: {msg}");
+            *last = msg;
+        }
     }
 }
 

@@ -116,10 +116,10 @@ fn a_missing_partition_is_refused_and_a_damaged_image_installs_nothing() {
     assert_eq!(
         v.get_batch(2, [&b"x"[..]], &mut Vec::new(), &mut Vec::new())
             .unwrap_err(),
-        Error::NotHeld(2),
-        "a missing partition must not read as empty"
+        Error::Repairing(2),
+        "a missing partition must not read as empty: it waits for a copy from a replica"
     );
-    assert_eq!(v.partition_image(2).unwrap_err(), Error::NotHeld(2));
+    assert_eq!(v.partition_image(2).unwrap_err(), Error::Repairing(2));
     let mut st = Vec::new();
     v.get_batch(1, [&b"x"[..]], &mut st, &mut Vec::new())
         .unwrap();

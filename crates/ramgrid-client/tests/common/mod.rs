@@ -57,17 +57,15 @@ impl Server {
 
     /// A server listening on `listen` (`127.0.0.1:0` picks a free port).
     pub fn start_at(listen: &str, extra: &[&str]) -> Server {
+        // A test's own --table-memory replaces the default (clap takes each flag once).
+        let table_memory = if extra.contains(&"--table-memory") {
+            &[][..]
+        } else {
+            &["--table-memory", "256MiB"][..]
+        };
         let mut child = Command::new(server_binary())
-            .args([
-                "--listen",
-                listen,
-                "--threads",
-                "1",
-                "--memory",
-                "16MiB",
-                "--table-memory",
-                "256MiB",
-            ])
+            .args(["--listen", listen, "--threads", "1", "--memory", "16MiB"])
+            .args(table_memory)
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -1,0 +1,121 @@
+//! Copying partitions in (moves and repairs): a pending partition refuses reads, takes writes, and
+//! its copy never overwrites or brings back what was written or deleted here since it began.
+
+use ramgrid_store::{Durability, Error, TableSpec, Tables, TablesConfig, ValueRef, ValueType};
+
+fn spec() -> TableSpec {
+    TableSpec {
+        name: "t".into(),
+        partitions: 2,
+        replication: 2,
+        value_type: ValueType::I64,
+        durability: Durability::Memory,
+        incarnation: 7,
+    }
+}
+
+fn put(t: &Tables, version: u32, kv: &[(&str, i64)]) {
+    let mut st = Vec::new();
+    t.put_batch(
+        "t",
+        version,
+        0,
+        kv.iter().map(|(k, v)| (k.as_bytes(), ValueRef::I64(*v))),
+        &mut st,
+    )
+    .unwrap();
+    assert!(st.iter().all(|&s| s == 0), "{st:?}");
+}
+
+fn get(t: &Tables, version: u32, key: &str) -> Result<Option<i64>, Error> {
+    let (mut st, mut vals) = (Vec::new(), Vec::new());
+    t.get_batch("t", version, 0, [key.as_bytes()], &mut st, &mut vals)?;
+    Ok((st[0] == 0).then(|| i64::from_le_bytes(vals[..8].try_into().unwrap())))
+}
+
+#[test]
+fn an_open_copy_keeps_the_writes_and_deletes_made_during_it() {
+    // The source: keys a, b, c in partition 0 of the open head.
+    let src = Tables::new(TablesConfig::default());
+    src.create_table(spec(), &[0, 1]).unwrap();
+    put(&src, 1, &[("a", 1), ("b", 2), ("c", 3)]);
+    let (image, sealed) = src.at("t", 1).unwrap().export_image(0).unwrap();
+    assert!(!sealed);
+
+    // The copier learned the table: its partition is pending.
+    let dst = Tables::new(TablesConfig::default());
+    dst.adopt_table(spec(), &[0, 1], 1).unwrap();
+    dst.adopt_version("t", 1, false).unwrap();
+    dst.adopt_current("t", 1).unwrap();
+    assert_eq!(get(&dst, 0, "a"), Err(Error::Repairing(0)));
+    // Writes meanwhile: b overwritten, c deleted, d new.
+    put(&dst, 1, &[("b", 20), ("d", 4)]);
+    let mut st = Vec::new();
+    dst.delete_batch("t", 1, 0, [&b"c"[..]], &mut st).unwrap();
+    assert_eq!(dst.pending("t").unwrap()[0].partitions, [0, 1]);
+
+    dst.import_image("t", 1, 0, &image, sealed).unwrap();
+    assert_eq!(get(&dst, 0, "a"), Ok(Some(1)), "copied");
+    assert_eq!(get(&dst, 0, "b"), Ok(Some(20)), "the later write stands");
+    assert_eq!(get(&dst, 0, "c"), Ok(None), "the delete stands");
+    assert_eq!(get(&dst, 0, "d"), Ok(Some(4)));
+    assert_eq!(
+        dst.pending("t").unwrap()[0].partitions,
+        [1],
+        "partition 1 still pending"
+    );
+}
+
+#[test]
+fn a_sealed_copy_replaces_its_partition_and_a_corrupt_one_changes_nothing() {
+    let src = Tables::new(TablesConfig::default());
+    src.create_table(spec(), &[0, 1]).unwrap();
+    src.create_version("t", 2).unwrap();
+    put(&src, 2, &[("x", 9)]);
+    src.seal_version("t", 2).unwrap();
+    let (image, sealed) = src.at("t", 2).unwrap().export_image(0).unwrap();
+    assert!(sealed);
+
+    let dst = Tables::new(TablesConfig::default());
+    dst.adopt_table(spec(), &[0, 1], 2).unwrap();
+    dst.adopt_version("t", 2, true).unwrap();
+    let mut bad = image.clone();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    assert!(matches!(
+        dst.import_image("t", 2, 0, &bad, true),
+        Err(Error::CorruptImage(_))
+    ));
+    assert_eq!(
+        get(&dst, 2, "x"),
+        Err(Error::Repairing(0)),
+        "still refused, never empty"
+    );
+    let reader = dst.at("t", 2).unwrap();
+    assert_eq!(dst.import_image("t", 2, 0, &image, true), Ok(1));
+    assert_eq!(get(&dst, 2, "x"), Ok(Some(9)));
+    // A handle taken before the copy keeps reading what it saw (the version was rebuilt).
+    assert!(reader.is_missing(0));
+    drop(reader);
+    // Moving away empties the partition and gives its memory back.
+    let before = dst.memory_used();
+    dst.release_partitions("t", &[0]).unwrap();
+    assert!(dst.memory_used() < before);
+    assert_eq!(get(&dst, 2, "x"), Ok(None));
+}
+
+#[test]
+fn a_partition_gained_by_a_move_is_emptied_and_pending() {
+    let t = Tables::new(TablesConfig::default());
+    t.create_table(spec(), &[0, 1]).unwrap();
+    put(&t, 1, &[("stale", 1)]);
+    t.mark_pending("t", &[0]).unwrap();
+    assert_eq!(get(&t, 1, "stale"), Err(Error::Repairing(0)));
+    // Its creator's CREATE_TABLE after all: nothing older to copy.
+    t.clear_pending("t").unwrap();
+    assert_eq!(
+        get(&t, 1, "stale"),
+        Ok(None),
+        "the stale data went with the mark"
+    );
+}
