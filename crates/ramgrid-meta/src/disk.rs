@@ -98,7 +98,11 @@ pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Write one value as a single checksummed record, atomically (see [`atomic_write`]).
-pub(crate) fn write_value<T: serde::Serialize>(dir: &Path, name: &str, value: &T) -> Result<(), String> {
+pub(crate) fn write_value<T: serde::Serialize>(
+    dir: &Path,
+    name: &str,
+    value: &T,
+) -> Result<(), String> {
     let payload = serde_json::to_vec(value).map_err(|e| format!("encoding {name}: {e}"))?;
     let mut bytes = Vec::with_capacity(payload.len() + HEADER);
     encode_record(&payload, &mut bytes);
@@ -107,7 +111,10 @@ pub(crate) fn write_value<T: serde::Serialize>(dir: &Path, name: &str, value: &T
 
 /// Read a value written by [`write_value`]; `None` when the file does not exist. Such files are
 /// replaced atomically, so any damage is corruption (never a torn write) and an error.
-pub(crate) fn read_value<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> Result<Option<T>, String> {
+pub(crate) fn read_value<T: serde::de::DeserializeOwned>(
+    dir: &Path,
+    name: &str,
+) -> Result<Option<T>, String> {
     let path = dir.join(name);
     let bytes = match fs::read(&path) {
         Ok(b) => b,
@@ -116,7 +123,10 @@ pub(crate) fn read_value<T: serde::de::DeserializeOwned>(dir: &Path, name: &str)
     };
     let scanned = scan_records(&bytes, &path)?;
     if scanned.records.len() != 1 || scanned.valid_len != bytes.len() {
-        return Err(format!("{}: damaged (not one whole record)", path.display()));
+        return Err(format!(
+            "{}: damaged (not one whole record)",
+            path.display()
+        ));
     }
     serde_json::from_slice(scanned.records[0])
         .map(Some)
@@ -179,12 +189,18 @@ mod tests {
         // Zeros after the last record (an extension never written) are a tail too.
         let mut z = bytes.clone();
         z.extend_from_slice(&[0; 40]);
-        assert_eq!(scan_records(&z, Path::new("f")).unwrap().valid_len, bytes.len());
+        assert_eq!(
+            scan_records(&z, Path::new("f")).unwrap().valid_len,
+            bytes.len()
+        );
         // So is a last payload whose bytes did not all reach the disk.
         let mut g = bytes.clone();
         let n = g.len();
         g[n - 1] ^= 0x55;
-        assert_eq!(scan_records(&g, Path::new("f")).unwrap().valid_len, last_start);
+        assert_eq!(
+            scan_records(&g, Path::new("f")).unwrap().valid_len,
+            last_start
+        );
     }
 
     #[test]
@@ -195,7 +211,8 @@ mod tests {
             b[at] ^= 0x01;
             let e = scan_records(&b, Path::new("/d/raft.log")).err();
             assert!(
-                e.as_deref().is_some_and(|e| e.contains("/d/raft.log") && e.contains("offset 0")),
+                e.as_deref()
+                    .is_some_and(|e| e.contains("/d/raft.log") && e.contains("offset 0")),
                 "flip at {at}: {e:?}"
             );
         }

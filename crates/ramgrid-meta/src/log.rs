@@ -163,7 +163,12 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> StorageResult<Vec<Entry<TypeConfig>>> {
-        Ok(self.lock().entries.range(range).map(|(_, e)| e.clone()).collect())
+        Ok(self
+            .lock()
+            .entries
+            .range(range)
+            .map(|(_, e)| e.clone())
+            .collect())
     }
 }
 
@@ -186,7 +191,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StorageResult<()> {
         let mut g = self.lock();
         if let Some(d) = &g.disk {
-            disk::write_value(&d.dir, VOTE_FILE, vote).map_err(|e| StorageIOError::write_vote(&disk::io(e)))?;
+            disk::write_value(&d.dir, VOTE_FILE, vote)
+                .map_err(|e| StorageIOError::write_vote(&disk::io(e)))?;
         }
         g.vote = Some(*vote);
         Ok(())
@@ -207,7 +213,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let mut bytes = Vec::new();
             for e in &entries {
                 let rec = LogRecord::Entry(e.clone());
-                let payload = serde_json::to_vec(&rec).map_err(|e| StorageIOError::write_logs(&e))?;
+                let payload =
+                    serde_json::to_vec(&rec).map_err(|e| StorageIOError::write_logs(&e))?;
                 disk::encode_record(&payload, &mut bytes);
             }
             // The entries are acknowledged (the callback below) only once on disk.

@@ -98,7 +98,8 @@ impl Transport for TcpTransport {
                 addr: addr.to_owned(),
                 timeout,
             };
-            let mut stream = match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+            let mut stream = match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await
+            {
                 Err(_) => return Err(unreachable(format!("connect timed out after {timeout:?}"))),
                 Ok(Err(e)) => return Err(unreachable(e.to_string())),
                 Ok(Ok(s)) => s,
@@ -121,7 +122,10 @@ impl Transport for TcpTransport {
 }
 
 /// Write one frame.
-pub async fn write_frame<W: AsyncWriteExt + Unpin>(w: &mut W, payload: &[u8]) -> std::io::Result<()> {
+pub async fn write_frame<W: AsyncWriteExt + Unpin>(
+    w: &mut W,
+    payload: &[u8],
+) -> std::io::Result<()> {
     let len = u32::try_from(payload.len())
         .ok()
         .filter(|&l| l as usize <= MAX_FRAME)
@@ -139,7 +143,9 @@ pub async fn read_frame<R: AsyncReadExt + Unpin>(r: &mut R) -> std::io::Result<V
     r.read_exact(&mut len).await?;
     let len = u32::from_le_bytes(len) as usize;
     if len > MAX_FRAME {
-        return Err(std::io::Error::other(format!("frame of {len} bytes is over the limit")));
+        return Err(std::io::Error::other(format!(
+            "frame of {len} bytes is over the limit"
+        )));
     }
     let mut buf = vec![0u8; len];
     r.read_exact(&mut buf).await?;
@@ -217,7 +223,9 @@ pub(crate) enum Write {
 pub(crate) enum RpcReply {
     AppendEntries(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
-    InstallSnapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+    InstallSnapshot(
+        Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
+    ),
     Forward(Result<MetaReply, MetaError>),
     ReadIndex(Result<u64, MetaError>),
     /// The request could not be decoded.
@@ -294,7 +302,10 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         let rpc = Rpc::AppendEntries(rpc);
-        match self.call(&rpc, RPCTypes::AppendEntries, option.hard_ttl()).await? {
+        match self
+            .call(&rpc, RPCTypes::AppendEntries, option.hard_ttl())
+            .await?
+        {
             RpcReply::AppendEntries(r) => {
                 r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
             }
@@ -311,7 +322,10 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
         let rpc = Rpc::InstallSnapshot(rpc);
-        match self.call(&rpc, RPCTypes::InstallSnapshot, option.hard_ttl()).await? {
+        match self
+            .call(&rpc, RPCTypes::InstallSnapshot, option.hard_ttl())
+            .await?
+        {
             RpcReply::InstallSnapshot(r) => {
                 r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
             }
@@ -326,8 +340,59 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         let rpc = Rpc::Vote(rpc);
         match self.call(&rpc, RPCTypes::Vote, option.hard_ttl()).await? {
-            RpcReply::Vote(r) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
+            RpcReply::Vote(r) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
             _ => Err(self.unexpected()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_call_gets_its_reply_and_a_silent_or_absent_peer_costs_only_the_timeout() {
+        let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let echo_addr = echo.local_addr().unwrap().to_string();
+        let server = serve_tcp(echo, |req: Vec<u8>| async move {
+            req.into_iter().rev().collect()
+        });
+        let t = TcpTransport;
+        let reply = t
+            .call(&echo_addr, b"abc".to_vec(), Duration::from_secs(2))
+            .await
+            .unwrap();
+        assert_eq!(reply, b"cba");
+
+        // A peer that accepts and never answers (hung, stopped).
+        let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent_addr = silent.local_addr().unwrap().to_string();
+        let start = tokio::time::Instant::now();
+        let r = t
+            .call(&silent_addr, b"x".to_vec(), Duration::from_millis(300))
+            .await;
+        assert!(matches!(r, Err(TransportError::Timeout { .. })), "{r:?}");
+        assert!(start.elapsed() < Duration::from_secs(2));
+
+        // A peer that is gone: nothing listens on the port any more.
+        server.abort();
+        let _ = server.await;
+        let r = t
+            .call(&echo_addr, b"x".to_vec(), Duration::from_millis(300))
+            .await;
+        assert!(
+            matches!(r, Err(TransportError::Unreachable { .. })),
+            "{r:?}"
+        );
+        drop(silent);
+    }
+
+    #[tokio::test]
+    async fn an_oversized_frame_is_refused_before_allocating() {
+        let (mut a, mut b) = tokio::io::duplex(64);
+        a.write_all(&u32::MAX.to_le_bytes()).await.unwrap();
+        assert!(read_frame(&mut b).await.is_err());
     }
 }

@@ -13,7 +13,8 @@ use tokio::time::Instant;
 use crate::error::MetaError;
 use crate::log::LogStore;
 use crate::network::{
-    encode, serve_tcp, NetworkFactory, Rpc, RpcReply, TcpTransport, Transport, TransportError, Write,
+    encode, serve_tcp, NetworkFactory, Rpc, RpcReply, TcpTransport, Transport, TransportError,
+    Write,
 };
 use crate::sm::StateMachineStore;
 use crate::state::{Member, MetaCommand, MetaReply, MetaState, NodeId};
@@ -136,13 +137,20 @@ impl MetaNode {
             let n = n.clone();
             async move { n.handle_rpc(&req).await }
         });
-        *node.inner.listener.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+        *node
+            .inner
+            .listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(task);
         Ok(node)
     }
 
     /// Start a node without a listener: the embedding server delivers requests to
     /// [`MetaNode::handle_rpc`] and carries this node's requests with `transport`.
-    pub async fn start_with(config: MetaConfig, transport: Arc<dyn Transport>) -> Result<MetaNode, MetaError> {
+    pub async fn start_with(
+        config: MetaConfig,
+        transport: Arc<dyn Transport>,
+    ) -> Result<MetaNode, MetaError> {
         let raft_config = Arc::new(config.raft_config()?);
         let (log, sm) = match &config.dir {
             Some(dir) => (
@@ -158,9 +166,15 @@ impl MetaNode {
             me: config.node_id,
             transport: transport.clone(),
         };
-        let raft = Raft::new(config.node_id, raft_config, network, log.clone(), sm.clone())
-            .await
-            .map_err(|e| MetaError::Storage(e.to_string()))?;
+        let raft = Raft::new(
+            config.node_id,
+            raft_config,
+            network,
+            log.clone(),
+            sm.clone(),
+        )
+        .await
+        .map_err(|e| MetaError::Storage(e.to_string()))?;
         Ok(MetaNode {
             inner: Arc::new(Inner {
                 id: config.node_id,
@@ -189,8 +203,10 @@ impl MetaNode {
     /// on a node that already has a log or a vote (a restarted durable node, or one called
     /// twice) it does nothing and succeeds.
     pub async fn initialize(&self, members: BTreeMap<NodeId, String>) -> Result<(), MetaError> {
-        let nodes: BTreeMap<NodeId, BasicNode> =
-            members.into_iter().map(|(id, a)| (id, BasicNode::new(a))).collect();
+        let nodes: BTreeMap<NodeId, BasicNode> = members
+            .into_iter()
+            .map(|(id, a)| (id, BasicNode::new(a)))
+            .collect();
         match self.inner.raft.initialize(nodes).await {
             Ok(()) => Ok(()),
             Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
@@ -211,7 +227,10 @@ impl MetaNode {
 
     /// Make exactly `voters` the voting members (each already a member); voters left out
     /// stay as learners. Raft moves through joint consensus, so no two majorities can decide.
-    pub async fn change_membership(&self, voters: impl IntoIterator<Item = NodeId>) -> Result<(), MetaError> {
+    pub async fn change_membership(
+        &self,
+        voters: impl IntoIterator<Item = NodeId>,
+    ) -> Result<(), MetaError> {
         let w = Write::ChangeMembership {
             voters: voters.into_iter().collect(),
         };
@@ -258,10 +277,14 @@ impl MetaNode {
                             self.wait_applied(index, deadline).await?;
                             return Ok(self.state());
                         }
-                        Ok(RpcReply::ReadIndex(Err(MetaError::NotLeader | MetaError::NoQuorum { .. })))
+                        Ok(RpcReply::ReadIndex(Err(
+                            MetaError::NotLeader | MetaError::NoQuorum { .. },
+                        )))
                         | Err(_) => {}
                         Ok(RpcReply::ReadIndex(Err(e))) => return Err(e),
-                        Ok(_) => return Err(MetaError::Network(format!("{addr}: unexpected reply"))),
+                        Ok(_) => {
+                            return Err(MetaError::Network(format!("{addr}: unexpected reply")))
+                        }
                     }
                 }
                 None => {}
@@ -323,7 +346,12 @@ impl MetaNode {
     /// Stop the node: its listener (and every connection it accepted) and its Raft task. To its
     /// peers it is then a dead node.
     pub async fn shutdown(&self) {
-        let listener = self.inner.listener.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let listener = self
+            .inner
+            .listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         if let Some(task) = listener {
             task.abort();
             let _ = task.await;
@@ -340,6 +368,21 @@ impl MetaNode {
         };
         let raft = &self.inner.raft;
         let reply = match rpc {
+            // A leader never sends to itself: such a request comes from another process started
+            // with this node's id (a configuration error), and openraft must not take it for
+            // its own leadership.
+            Rpc::AppendEntries(r) if r.vote.leader_id().voted_for() == Some(self.inner.id) => {
+                RpcReply::Malformed(format!(
+                    "a request from another node with id {}",
+                    self.inner.id
+                ))
+            }
+            Rpc::Vote(r) if r.vote.leader_id().voted_for() == Some(self.inner.id) => {
+                RpcReply::Malformed(format!(
+                    "a request from another node with id {}",
+                    self.inner.id
+                ))
+            }
             Rpc::AppendEntries(r) => RpcReply::AppendEntries(raft.append_entries(r).await),
             Rpc::Vote(r) => RpcReply::Vote(raft.vote(r).await),
             Rpc::InstallSnapshot(r) => RpcReply::InstallSnapshot(raft.install_snapshot(r).await),
@@ -366,20 +409,26 @@ impl MetaNode {
         let deadline = start + self.inner.propose_timeout;
         loop {
             match self.leader() {
-                Some((id, _)) if id == self.inner.id => match self.lead(w.clone(), deadline).await {
-                    // Not appended: try again (a new leader, or the quorum back) until the deadline.
-                    Err(MetaError::NotLeader | MetaError::NoQuorum { .. }) => {}
-                    other => return other,
-                },
+                Some((id, _)) if id == self.inner.id => {
+                    match self.lead(w.clone(), deadline).await {
+                        // Not appended: try again (a new leader, or the quorum back) until the deadline.
+                        Err(MetaError::NotLeader | MetaError::NoQuorum { .. }) => {}
+                        other => return other,
+                    }
+                }
                 Some((_, addr)) => {
                     let rpc = Rpc::Forward {
                         write: w.clone(),
                         timeout_ms: millis(leader_share(deadline)),
                     };
                     match self.call(&addr, &rpc, deadline).await {
-                        Ok(RpcReply::Forward(Err(MetaError::NotLeader | MetaError::NoQuorum { .. }))) => {}
+                        Ok(RpcReply::Forward(Err(
+                            MetaError::NotLeader | MetaError::NoQuorum { .. },
+                        ))) => {}
                         Ok(RpcReply::Forward(r)) => return r,
-                        Ok(_) => return Err(MetaError::Network(format!("{addr}: unexpected reply"))),
+                        Ok(_) => {
+                            return Err(MetaError::Network(format!("{addr}: unexpected reply")))
+                        }
                         // Never delivered: safe to try again.
                         Err(TransportError::Unreachable { .. }) => {}
                         // Maybe delivered: the leader may have appended it.
@@ -406,18 +455,28 @@ impl MetaNode {
         self.read_index(deadline).await?;
         let raft = &self.inner.raft;
         let res = match w {
-            Write::Command(cmd) => tokio::time::timeout_at(deadline, raft.client_write(cmd))
-                .await
-                .map(|r| r.map(|resp| resp.data)),
+            Write::Command(cmd) => {
+                match tokio::time::timeout_at(deadline, raft.client_write(cmd)).await {
+                    Ok(Ok(resp)) => Ok(Ok(resp.data)),
+                    Ok(Err(e)) => Ok(Err(write_error(e))),
+                    Err(elapsed) => Err(elapsed),
+                }
+            }
             Write::AddLearner { id, addr } => {
-                tokio::time::timeout_at(deadline, raft.add_learner(id, BasicNode::new(addr), false))
-                    .await
-                    .map(|r| r.map(|_| Ok(MetaReply::Done)))
+                let node = BasicNode::new(addr);
+                match tokio::time::timeout_at(deadline, raft.add_learner(id, node, false)).await {
+                    Ok(Ok(_)) => Ok(Ok(Ok(MetaReply::Done))),
+                    Ok(Err(e)) => Ok(Err(write_error(e))),
+                    Err(elapsed) => Err(elapsed),
+                }
             }
             Write::ChangeMembership { voters } => {
-                tokio::time::timeout_at(deadline, raft.change_membership(voters, true))
-                    .await
-                    .map(|r| r.map(|_| Ok(MetaReply::Done)))
+                match tokio::time::timeout_at(deadline, raft.change_membership(voters, true)).await
+                {
+                    Ok(Ok(_)) => Ok(Ok(Ok(MetaReply::Done))),
+                    Ok(Err(e)) => Ok(Err(write_error(e))),
+                    Err(elapsed) => Err(elapsed),
+                }
             }
         };
         match res {
@@ -425,13 +484,7 @@ impl MetaNode {
                 reason: "appended by the leader, commit not seen within the timeout".into(),
             }),
             Ok(Ok(applied)) => applied.map_err(MetaError::Refused),
-            // Either refused before appending, or the entry was cut from the log by a new
-            // leader's conflicting one: either way it is not, and will not be, committed.
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => Err(MetaError::NotLeader),
-            Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => {
-                Err(MetaError::Membership(e.to_string()))
-            }
-            Ok(Err(RaftError::Fatal(f))) => Err(MetaError::Shutdown(f.to_string())),
+            Ok(Err(e)) => Err(e),
         }
     }
 
@@ -469,13 +522,31 @@ impl MetaNode {
             })
     }
 
-    async fn call(&self, addr: &str, rpc: &Rpc, deadline: Instant) -> Result<RpcReply, TransportError> {
+    async fn call(
+        &self,
+        addr: &str,
+        rpc: &Rpc,
+        deadline: Instant,
+    ) -> Result<RpcReply, TransportError> {
         let left = deadline.saturating_duration_since(Instant::now());
         let bytes = self.inner.transport.call(addr, encode(rpc), left).await?;
         serde_json::from_slice(&bytes).map_err(|e| TransportError::Io {
             addr: addr.to_owned(),
             reason: format!("undecodable reply: {e}"),
         })
+    }
+}
+
+/// What a failed write through openraft means here.
+fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> MetaError {
+    match e {
+        // Either refused before appending, or the entry was cut from the log by a new leader's
+        // conflicting one: either way it is not, and will not be, committed.
+        RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => MetaError::NotLeader,
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            MetaError::Membership(e.to_string())
+        }
+        RaftError::Fatal(f) => MetaError::Shutdown(f.to_string()),
     }
 }
 

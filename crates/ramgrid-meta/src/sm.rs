@@ -67,7 +67,10 @@ impl StateMachineStore {
             std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             if let Some(snap) = disk::read_value::<StoredSnapshot>(dir, SNAPSHOT_FILE)? {
                 let state: MetaState = serde_json::from_slice(&snap.data).map_err(|e| {
-                    format!("{}: undecodable state: {e}", dir.join(SNAPSHOT_FILE).display())
+                    format!(
+                        "{}: undecodable state: {e}",
+                        dir.join(SNAPSHOT_FILE).display()
+                    )
                 })?;
                 inner.applied = snap.meta.last_log_id;
                 inner.membership = snap.meta.last_membership.clone();
@@ -106,7 +109,9 @@ impl StateMachineStore {
 }
 
 /// The members as a membership names them.
-fn members_of(m: &StoredMembership<NodeId, BasicNode>) -> std::collections::BTreeMap<NodeId, Member> {
+fn members_of(
+    m: &StoredMembership<NodeId, BasicNode>,
+) -> std::collections::BTreeMap<NodeId, Member> {
     let voters: std::collections::BTreeSet<NodeId> = m.membership().voter_ids().collect();
     m.membership()
         .nodes()

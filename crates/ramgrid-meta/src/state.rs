@@ -457,7 +457,10 @@ mod tests {
         let mut st = MetaState::default();
         assert_eq!(st.epoch(), 0);
         let e1 = ramgrid_proto::cluster::epoch_of(&["a:1", "b:2"]);
-        assert_eq!(run(&mut st, set(&["a:1", "b:2"], Some(0))), Ok(MetaReply::Epoch(e1)));
+        assert_eq!(
+            run(&mut st, set(&["a:1", "b:2"], Some(0))),
+            Ok(MetaReply::Epoch(e1))
+        );
         assert_eq!(st.epoch(), e1);
         // CAS against a stale epoch is refused.
         assert_eq!(
@@ -468,7 +471,10 @@ mod tests {
             })
         );
         let e2 = ramgrid_proto::cluster::epoch_of(&["b:2", "a:1"]);
-        assert_eq!(run(&mut st, set(&["b:2", "a:1"], Some(e1))), Ok(MetaReply::Epoch(e2)));
+        assert_eq!(
+            run(&mut st, set(&["b:2", "a:1"], Some(e1))),
+            Ok(MetaReply::Epoch(e2))
+        );
         // Without expect_epoch it always applies.
         assert!(run(&mut st, set(&["c:3"], None)).is_ok());
         assert_eq!(st.servers, list(&["c:3"]));
@@ -515,27 +521,48 @@ mod tests {
         ));
         // Completing another target is refused.
         assert!(matches!(
-            run(&mut st, MetaCommand::CompleteTransition { target: list(&["a:1"]) }),
+            run(
+                &mut st,
+                MetaCommand::CompleteTransition {
+                    target: list(&["a:1"])
+                }
+            ),
             Err(MetaRefusal::NoSuchTransition { .. })
         ));
         let e = ramgrid_proto::cluster::epoch_of(&target);
         assert_eq!(
-            run(&mut st, MetaCommand::CompleteTransition { target: target.clone() }),
+            run(
+                &mut st,
+                MetaCommand::CompleteTransition {
+                    target: target.clone()
+                }
+            ),
             Ok(MetaReply::Epoch(e))
         );
         assert_eq!(st.servers, target);
         assert_eq!(st.transition, None);
         // Completing twice is refused: it is no longer in progress.
         assert!(matches!(
-            run(&mut st, MetaCommand::CompleteTransition { target: target.clone() }),
+            run(
+                &mut st,
+                MetaCommand::CompleteTransition {
+                    target: target.clone()
+                }
+            ),
             Err(MetaRefusal::NoSuchTransition { .. })
         ));
         // Abort forgets a transition and keeps the spec; with none it is a no-op.
         run(&mut st, begin(&list(&["a:1"]), "ops")).unwrap();
-        assert_eq!(run(&mut st, MetaCommand::AbortTransition), Ok(MetaReply::Done));
+        assert_eq!(
+            run(&mut st, MetaCommand::AbortTransition),
+            Ok(MetaReply::Done)
+        );
         assert_eq!(st.transition, None);
         assert_eq!(st.servers, target);
-        assert_eq!(run(&mut st, MetaCommand::AbortTransition), Ok(MetaReply::Done));
+        assert_eq!(
+            run(&mut st, MetaCommand::AbortTransition),
+            Ok(MetaReply::Done)
+        );
         // A bad target is refused.
         assert!(matches!(
             run(&mut st, begin(&[], "ops")),
@@ -555,7 +582,10 @@ mod tests {
             run(&mut st, down("z:9")),
             Err(MetaRefusal::UnknownServer { addr: "z:9".into() })
         );
-        assert_eq!(run(&mut st, MetaCommand::MarkUp { addr: "b:2".into() }), Ok(MetaReply::Done));
+        assert_eq!(
+            run(&mut st, MetaCommand::MarkUp { addr: "b:2".into() }),
+            Ok(MetaReply::Done)
+        );
         assert!(st.down.is_empty());
         // A server of the transition's target may be marked down; leaving the spec clears it.
         run(
@@ -568,9 +598,21 @@ mod tests {
         .unwrap();
         run(&mut st, down("c:3")).unwrap();
         run(&mut st, down("b:2")).unwrap();
-        run(&mut st, MetaCommand::CompleteTransition { target: list(&["a:1", "c:3"]) }).unwrap();
+        run(
+            &mut st,
+            MetaCommand::CompleteTransition {
+                target: list(&["a:1", "c:3"]),
+            },
+        )
+        .unwrap();
         assert_eq!(st.down, BTreeSet::from(["c:3".to_string()]));
-        run(&mut st, MetaCommand::MarkUp { addr: "nobody:1".into() }).unwrap();
+        run(
+            &mut st,
+            MetaCommand::MarkUp {
+                addr: "nobody:1".into(),
+            },
+        )
+        .unwrap();
     }
 
     #[test]
@@ -587,9 +629,15 @@ mod tests {
             high_water: 0,
             current: 0,
         };
-        assert_eq!(run(&mut st, create(7, b"s1")), Ok(MetaReply::Table(made.clone())));
+        assert_eq!(
+            run(&mut st, create(7, b"s1")),
+            Ok(MetaReply::Table(made.clone()))
+        );
         // The same incarnation again: the table as it is.
-        assert_eq!(run(&mut st, create(7, b"other")), Ok(MetaReply::Table(made)));
+        assert_eq!(
+            run(&mut st, create(7, b"other")),
+            Ok(MetaReply::Table(made))
+        );
         assert_eq!(
             run(&mut st, create(8, b"s2")),
             Err(MetaRefusal::TableExists {
@@ -621,7 +669,11 @@ mod tests {
         .unwrap();
         assert!(matches!(
             run(&mut st, drop(2)),
-            Err(MetaRefusal::WrongIncarnation { expected: 2, actual: 1, .. })
+            Err(MetaRefusal::WrongIncarnation {
+                expected: 2,
+                actual: 1,
+                ..
+            })
         ));
         assert_eq!(run(&mut st, drop(1)), Ok(MetaReply::Done));
         assert!(st.tables.is_empty());
@@ -662,12 +714,20 @@ mod tests {
         };
         assert!(matches!(
             run(&mut st, current(1, 1)),
-            Err(MetaRefusal::VersionNotCreated { version: 1, high_water: 0, .. })
+            Err(MetaRefusal::VersionNotCreated {
+                version: 1,
+                high_water: 0,
+                ..
+            })
         ));
         run(&mut st, raise(1, 3)).unwrap();
         assert!(matches!(
             run(&mut st, raise(1, 3)),
-            Err(MetaRefusal::VersionUsed { version: 3, high_water: 3, .. })
+            Err(MetaRefusal::VersionUsed {
+                version: 3,
+                high_water: 3,
+                ..
+            })
         ));
         assert!(matches!(
             run(&mut st, raise(1, 2)),
@@ -678,11 +738,14 @@ mod tests {
             Err(MetaRefusal::WrongIncarnation { .. })
         ));
         assert!(matches!(
-            run(&mut st, MetaCommand::RaiseHighWater {
-                name: "nope".into(),
-                incarnation: 1,
-                version: 4
-            }),
+            run(
+                &mut st,
+                MetaCommand::RaiseHighWater {
+                    name: "nope".into(),
+                    incarnation: 1,
+                    version: 4
+                }
+            ),
             Err(MetaRefusal::NoSuchTable { .. })
         ));
         let r = run(&mut st, current(1, 2)).unwrap();
