@@ -133,6 +133,17 @@ pub(crate) fn read_value<T: serde::de::DeserializeOwned>(
         .map_err(|e| format!("{}: undecodable: {e}", path.display()))
 }
 
+/// Run `f`, which blocks on the disk (fsync), telling a multi-threaded tokio runtime first so
+/// that it moves its other tasks off this worker meanwhile; on a current-thread runtime (which
+/// cannot) it just runs.
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// An I/O error carrying `msg`, for APIs that want an error value.
 pub(crate) fn io(msg: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(msg.to_string())

@@ -53,7 +53,7 @@
 //! passed without a leader (checked on a tick of 1.5 heartbeats). So after a leader dies, a new
 //! one is elected within 2 x 1200 + 150 ms plus one vote round, about **2.6 s**, and not before
 //! 1.8 s; a split vote (two candidates at once) adds up to one more election timeout, 1.2 s.
-//! Measured on the 2-core development machine: 1.95 to 2.26 s over 7 runs (the leader-loss
+//! Measured on the 2-core development machine: 1.95 to 2.27 s over 14 runs (the leader-loss
 //! test prints it, and fails above 4 s: the bound plus a split vote plus scheduling noise).
 //! `propose_timeout_ms` (5 s) is above that bound, so a proposal made while a leader dies waits
 //! for the next one instead of failing. Every RPC has a timeout (openraft's per-RPC TTL, enforced
@@ -82,8 +82,10 @@
 //! it implements [`Transport`] for outgoing requests and hands incoming ones to
 //! [`MetaNode::handle_rpc`]. Known limits of this first cut:
 //!
-//! 1. File I/O (appends with their fsync, snapshot writes) runs inline on a tokio worker; at
-//!    metadata rates this is a few milliseconds per write, but it blocks that worker meanwhile.
+//! 1. File I/O (appends with their fsync, snapshot writes) runs on the calling tokio worker
+//!    (under `block_in_place` on a multi-threaded runtime, so other tasks move off it), not on
+//!    a dedicated I/O thread; appends are not batched across proposals beyond what openraft
+//!    hands over at once.
 //! 2. [`TcpTransport`] opens a connection per RPC (a loopback connect per heartbeat per peer).
 //! 3. The commit index is not persisted, so a restarted node shows its snapshot's state until a
 //!    leader tells it what is committed (one heartbeat once a leader exists).

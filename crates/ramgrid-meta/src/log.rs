@@ -191,7 +191,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StorageResult<()> {
         let mut g = self.lock();
         if let Some(d) = &g.disk {
-            disk::write_value(&d.dir, VOTE_FILE, vote)
+            disk::blocking(|| disk::write_value(&d.dir, VOTE_FILE, vote))
                 .map_err(|e| StorageIOError::write_vote(&disk::io(e)))?;
         }
         g.vote = Some(*vote);
@@ -218,7 +218,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 disk::encode_record(&payload, &mut bytes);
             }
             // The entries are acknowledged (the callback below) only once on disk.
-            let res = d.log.write_all(&bytes).and_then(|()| d.log.sync_data());
+            let res = disk::blocking(|| d.log.write_all(&bytes).and_then(|()| d.log.sync_data()));
             if let Err(e) = res {
                 let msg = format!("{}: {e}", d.dir.join(LOG_FILE).display());
                 callback.log_io_completed(Err(std::io::Error::other(msg.clone())));
@@ -236,7 +236,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
         let mut g = self.lock();
         g.entries.retain(|&i, _| i < log_id.index);
-        g.rewrite().map_err(|e| StorageIOError::write_logs(&e))?;
+        disk::blocking(|| g.rewrite()).map_err(|e| StorageIOError::write_logs(&e))?;
         Ok(())
     }
 
@@ -244,7 +244,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut g = self.lock();
         g.entries.retain(|&i, _| i > log_id.index);
         g.last_purged = Some(log_id);
-        g.rewrite().map_err(|e| StorageIOError::write_logs(&e))?;
+        disk::blocking(|| g.rewrite()).map_err(|e| StorageIOError::write_logs(&e))?;
         Ok(())
     }
 }

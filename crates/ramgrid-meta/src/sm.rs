@@ -145,7 +145,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         let snap = StoredSnapshot { meta, data };
         if let Some(dir) = &self.shared.dir {
-            disk::write_value(dir, SNAPSHOT_FILE, &snap).map_err(|e| {
+            disk::blocking(|| disk::write_value(dir, SNAPSHOT_FILE, &snap)).map_err(|e| {
                 StorageIOError::write_snapshot(Some(snap.meta.signature()), &disk::io(e))
             })?;
         }
@@ -218,7 +218,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             data,
         };
         if let Some(dir) = &self.shared.dir {
-            disk::write_value(dir, SNAPSHOT_FILE, &snap).map_err(|e| {
+            disk::blocking(|| disk::write_value(dir, SNAPSHOT_FILE, &snap)).map_err(|e| {
                 StorageIOError::write_snapshot(Some(meta.signature()), &disk::io(e))
             })?;
         }
