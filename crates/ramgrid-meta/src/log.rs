@@ -1,0 +1,250 @@
+//! The Raft log and vote: in memory, or durable under a directory.
+//!
+//! Durable layout: `raft.log` is append-only, one checksummed record per entry (see `disk`);
+//! an append is fsynced (`sync_data`) before openraft is told it is flushed. Truncation (a
+//! conflicting suffix, rare) and purging (after a snapshot) rewrite the file atomically with
+//! what remains, led by a `Purged` record; the log stays short because it is purged after every
+//! snapshot. `raft.vote` is replaced atomically on every vote change.
+//!
+//! The whole log is also kept in memory: metadata logs are small, and reads never touch disk.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::fs::File;
+use std::io::Write;
+use std::ops::RangeBounds;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::{Entry, LogId, RaftLogId, StorageError, StorageIOError, Vote};
+use serde::{Deserialize, Serialize};
+
+use crate::disk;
+use crate::state::NodeId;
+use crate::TypeConfig;
+
+/// The log file's name in the directory.
+pub const LOG_FILE: &str = "raft.log";
+/// The vote file's name in the directory.
+pub const VOTE_FILE: &str = "raft.vote";
+
+#[derive(Serialize, Deserialize)]
+enum LogRecord {
+    Entry(Entry<TypeConfig>),
+    /// Every entry up to this one was purged (it leads a rewritten file).
+    Purged(LogId<NodeId>),
+}
+
+/// The log storage handed to openraft; clones share one log.
+#[derive(Clone)]
+pub struct LogStore {
+    inner: Arc<Mutex<LogInner>>,
+}
+
+struct LogInner {
+    entries: BTreeMap<u64, Entry<TypeConfig>>,
+    last_purged: Option<LogId<NodeId>>,
+    vote: Option<Vote<NodeId>>,
+    disk: Option<LogDisk>,
+}
+
+struct LogDisk {
+    dir: PathBuf,
+    log: File,
+}
+
+type StorageResult<T> = Result<T, StorageError<NodeId>>;
+
+impl LogStore {
+    /// An empty log in memory.
+    pub fn in_memory() -> LogStore {
+        LogStore::from_inner(LogInner {
+            entries: BTreeMap::new(),
+            last_purged: None,
+            vote: None,
+            disk: None,
+        })
+    }
+
+    /// The log under `dir`, created if absent. A torn record at the end of the log file (a crash
+    /// during its append, which was therefore never acknowledged) is cut off; any other damage
+    /// is an error naming the file.
+    pub fn open(dir: &Path) -> Result<LogStore, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let path = dir.join(LOG_FILE);
+        let mut entries = BTreeMap::new();
+        let mut last_purged = None;
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let scanned = disk::scan_records(&bytes, &path)?;
+                for payload in &scanned.records {
+                    let rec: LogRecord = serde_json::from_slice(payload)
+                        .map_err(|e| format!("{}: undecodable record: {e}", path.display()))?;
+                    match rec {
+                        LogRecord::Entry(e) => {
+                            entries.insert(e.log_id.index, e);
+                        }
+                        LogRecord::Purged(id) => {
+                            entries.retain(|&i, _| i > id.index);
+                            last_purged = Some(id);
+                        }
+                    }
+                }
+                if scanned.valid_len < bytes.len() {
+                    disk::truncate_file(&path, scanned.valid_len as u64)
+                        .map_err(|e| format!("{}: cutting a torn tail: {e}", path.display()))?;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        }
+        let vote = disk::read_value(dir, VOTE_FILE)?;
+        let log = disk::open_append(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(LogStore::from_inner(LogInner {
+            entries,
+            last_purged,
+            vote,
+            disk: Some(LogDisk {
+                dir: dir.to_owned(),
+                log,
+            }),
+        }))
+    }
+
+    fn from_inner(inner: LogInner) -> LogStore {
+        LogStore {
+            inner: Arc::new(Mutex::new(inner)),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LogInner> {
+        // A panic while holding the lock leaves the log as consistent as the step it was at;
+        // openraft treats storage errors as fatal anyway.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The number of entries held (after purging), for tests and status.
+    pub fn len(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    /// Whether the log holds no entries.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl LogInner {
+    /// Rewrite the log file with what remains, atomically.
+    fn rewrite(&mut self) -> std::io::Result<()> {
+        let Some(d) = &mut self.disk else {
+            return Ok(());
+        };
+        let mut bytes = Vec::new();
+        let mut push = |rec: &LogRecord| {
+            let payload = serde_json::to_vec(rec).expect("log records encode");
+            disk::encode_record(&payload, &mut bytes);
+        };
+        if let Some(id) = self.last_purged {
+            push(&LogRecord::Purged(id));
+        }
+        for e in self.entries.values() {
+            push(&LogRecord::Entry(e.clone()));
+        }
+        disk::atomic_write(&d.dir, LOG_FILE, &bytes)?;
+        d.log = disk::open_append(&d.dir.join(LOG_FILE))?;
+        Ok(())
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> StorageResult<Vec<Entry<TypeConfig>>> {
+        Ok(self
+            .lock()
+            .entries
+            .range(range)
+            .map(|(_, e)| e.clone())
+            .collect())
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
+        let g = self.lock();
+        let last = g.entries.values().next_back().map(|e| *e.get_log_id());
+        Ok(LogState {
+            last_purged_log_id: g.last_purged,
+            last_log_id: last.or(g.last_purged),
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StorageResult<()> {
+        let mut g = self.lock();
+        if let Some(d) = &g.disk {
+            disk::blocking(|| disk::write_value(&d.dir, VOTE_FILE, vote))
+                .map_err(|e| StorageIOError::write_vote(&disk::io(e)))?;
+        }
+        g.vote = Some(*vote);
+        Ok(())
+    }
+
+    async fn read_vote(&mut self) -> StorageResult<Option<Vote<NodeId>>> {
+        Ok(self.lock().vote)
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let mut g = self.lock();
+        let entries: Vec<_> = entries.into_iter().collect();
+        if let Some(d) = &mut g.disk {
+            let mut bytes = Vec::new();
+            for e in &entries {
+                let rec = LogRecord::Entry(e.clone());
+                let payload =
+                    serde_json::to_vec(&rec).map_err(|e| StorageIOError::write_logs(&e))?;
+                disk::encode_record(&payload, &mut bytes);
+            }
+            // The entries are acknowledged (the callback below) only once on disk.
+            let res = disk::blocking(|| d.log.write_all(&bytes).and_then(|()| d.log.sync_data()));
+            if let Err(e) = res {
+                let msg = format!("{}: {e}", d.dir.join(LOG_FILE).display());
+                callback.log_io_completed(Err(std::io::Error::other(msg.clone())));
+                return Err(StorageIOError::write_logs(&disk::io(msg)).into());
+            }
+        }
+        for e in entries {
+            g.entries.insert(e.log_id.index, e);
+        }
+        drop(g);
+        callback.log_io_completed(Ok(()));
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+        let mut g = self.lock();
+        g.entries.retain(|&i, _| i < log_id.index);
+        disk::blocking(|| g.rewrite()).map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+        let mut g = self.lock();
+        g.entries.retain(|&i, _| i > log_id.index);
+        g.last_purged = Some(log_id);
+        disk::blocking(|| g.rewrite()).map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,796 @@
+//! The cluster metadata and its commands: a deterministic state machine, no I/O.
+//!
+//! Every node applies the same committed commands in the same order, so [`MetaState::apply`] must
+//! depend on nothing but the state and the command (no clock, no randomness, no hash-map order:
+//! every collection here is ordered). A command either changes the state as a whole or is refused
+//! with a [`MetaRefusal`] and changes nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+/// A Raft node id. Stable for the life of a node's data directory.
+pub type NodeId = u64;
+
+/// A member of the Raft group, as its committed membership names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// The address the group reaches it at (its RPC port).
+    pub addr: String,
+    /// Whether it votes; a learner only receives the log.
+    pub voter: bool,
+}
+
+/// A rebalance from the current serving spec to `target`, recorded while it runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transition {
+    /// The servers the cluster moves to.
+    pub target: Vec<String>,
+    /// Who began it (a server address or an operator's name), for operators and logs.
+    pub started_by: String,
+}
+
+/// What the group knows of one table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableMeta {
+    /// Chosen by the creating client; a table dropped and created again has another.
+    pub incarnation: u64,
+    /// The table's encoded spec (partitions, replication, value type), opaque here.
+    pub spec: Vec<u8>,
+    /// The highest version number ever created (dropped versions included); 0 before the first.
+    pub high_water: u32,
+    /// The current version; 0 when none is current yet.
+    pub current: u32,
+}
+
+/// The replicated cluster metadata.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaState {
+    /// The Raft group's members, from its last applied membership.
+    pub members: BTreeMap<NodeId, Member>,
+    /// The serving spec: the ordered server addresses (protocol-native section 8).
+    pub servers: Vec<String>,
+    /// A rebalance in progress.
+    pub transition: Option<Transition>,
+    /// Servers marked down by the failure detector.
+    pub down: BTreeSet<String>,
+    /// The table catalog by name.
+    pub tables: BTreeMap<String, TableMeta>,
+}
+
+/// A change to the metadata, proposed through Raft and applied on every node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetaCommand {
+    /// Replace the serving spec. With `expect_epoch`, only if the current epoch is that one
+    /// (compare-and-set; `Some(0)` means "only if there is no spec yet").
+    SetServers {
+        /// The new ordered server list (non-empty, no duplicates).
+        servers: Vec<String>,
+        /// The epoch the proposer saw, if it wants compare-and-set.
+        expect_epoch: Option<u64>,
+    },
+    /// Record that a rebalance to `target` has begun.
+    BeginTransition {
+        /// The servers to move to.
+        target: Vec<String>,
+        /// Who begins it.
+        by: String,
+    },
+    /// The rebalance to `target` is done: `target` becomes the serving spec.
+    CompleteTransition {
+        /// The target of the transition in progress.
+        target: Vec<String>,
+    },
+    /// Forget the rebalance in progress, if any; the spec stays as it was.
+    AbortTransition,
+    /// The failure detector found `addr` down.
+    MarkDown {
+        /// A server of the spec or of the transition's target.
+        addr: String,
+    },
+    /// `addr` is serving again.
+    MarkUp {
+        /// The server.
+        addr: String,
+    },
+    /// Create a table.
+    CreateTable {
+        /// Its name.
+        name: String,
+        /// Its incarnation id, chosen by the creating client.
+        incarnation: u64,
+        /// Its encoded spec.
+        spec: Vec<u8>,
+    },
+    /// Drop a table, if it is still that incarnation.
+    DropTable {
+        /// Its name.
+        name: String,
+        /// The incarnation the proposer means.
+        incarnation: u64,
+    },
+    /// Reserve version numbers up to `version` (a version is being created).
+    RaiseHighWater {
+        /// The table.
+        name: String,
+        /// The incarnation the proposer means.
+        incarnation: u64,
+        /// Above the table's high-water mark.
+        version: u32,
+    },
+    /// Make `version` the table's current version.
+    SetCurrent {
+        /// The table.
+        name: String,
+        /// The incarnation the proposer means.
+        incarnation: u64,
+        /// A version already created (1..=high_water).
+        version: u32,
+    },
+}
+
+/// What an applied command reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetaReply {
+    /// Applied; nothing more to say.
+    Done,
+    /// The serving spec's epoch after the command.
+    Epoch(u64),
+    /// The table as the command left it.
+    Table(TableMeta),
+}
+
+/// Why a command was refused. The state is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[non_exhaustive]
+pub enum MetaRefusal {
+    /// `SetServers` with an `expect_epoch` that is not the current one.
+    #[error("epoch is {actual:#x}, not the expected {expected:#x}")]
+    EpochMismatch {
+        /// What the proposer expected.
+        expected: u64,
+        /// The current epoch.
+        actual: u64,
+    },
+    /// A server list that cannot be a spec.
+    #[error("invalid server list: {reason}")]
+    InvalidServers {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A rebalance to another target is in progress.
+    #[error("a transition to {target:?} (begun by {started_by}) is in progress")]
+    TransitionInProgress {
+        /// Its target.
+        target: Vec<String>,
+        /// Who began it.
+        started_by: String,
+    },
+    /// `CompleteTransition` with no transition, or with another target, in progress.
+    #[error("no transition to {target:?} is in progress")]
+    NoSuchTransition {
+        /// The target named.
+        target: Vec<String>,
+    },
+    /// `MarkDown` of an address that is neither in the spec nor in the transition's target.
+    #[error("{addr} is not a server of the cluster")]
+    UnknownServer {
+        /// The address.
+        addr: String,
+    },
+    /// `CreateTable` of a name that already names another incarnation.
+    #[error("table {name:?} already exists with incarnation {incarnation:#x}")]
+    TableExists {
+        /// The table.
+        name: String,
+        /// The incarnation that holds the name.
+        incarnation: u64,
+    },
+    /// No table by that name.
+    #[error("no table {name:?}")]
+    NoSuchTable {
+        /// The table.
+        name: String,
+    },
+    /// The table is another incarnation than the one the proposer means.
+    #[error("table {name:?} is incarnation {actual:#x}, not {expected:#x}")]
+    WrongIncarnation {
+        /// The table.
+        name: String,
+        /// The incarnation named.
+        expected: u64,
+        /// The table's incarnation.
+        actual: u64,
+    },
+    /// `RaiseHighWater` to a version at or below the mark: that number was already used.
+    #[error("table {name:?}: version {version} is not above the high-water mark {high_water}")]
+    VersionUsed {
+        /// The table.
+        name: String,
+        /// The version named.
+        version: u32,
+        /// The table's high-water mark.
+        high_water: u32,
+    },
+    /// `SetCurrent` to a version never created (0 or above the high-water mark).
+    #[error("table {name:?}: version {version} was never created (high-water mark {high_water})")]
+    VersionNotCreated {
+        /// The table.
+        name: String,
+        /// The version named.
+        version: u32,
+        /// The table's high-water mark.
+        high_water: u32,
+    },
+}
+
+impl MetaState {
+    /// The serving spec's epoch: `ramgrid_proto::cluster::epoch_of(servers)`, or 0 ("no spec",
+    /// as a server without a spec reports) while the list is empty.
+    pub fn epoch(&self) -> u64 {
+        epoch_of_list(&self.servers)
+    }
+
+    /// Apply one command: all of it, or nothing and a refusal.
+    pub fn apply(&mut self, cmd: &MetaCommand) -> Result<MetaReply, MetaRefusal> {
+        match cmd {
+            MetaCommand::SetServers {
+                servers,
+                expect_epoch,
+            } => {
+                let actual = self.epoch();
+                if let Some(expected) = *expect_epoch {
+                    if expected != actual {
+                        return Err(MetaRefusal::EpochMismatch { expected, actual });
+                    }
+                }
+                check_servers(servers)?;
+                // A rebalance runs from the spec it began under; replacing the spec under it
+                // would leave its moves meaningless.
+                if let Some(t) = &self.transition {
+                    return Err(in_progress(t));
+                }
+                self.servers.clone_from(servers);
+                self.prune_down();
+                Ok(MetaReply::Epoch(self.epoch()))
+            }
+            MetaCommand::BeginTransition { target, by } => {
+                check_servers(target)?;
+                match &self.transition {
+                    // Idempotent: a proposer that lost the reply can send it again.
+                    Some(t) if &t.target == target => Ok(MetaReply::Done),
+                    Some(t) => Err(in_progress(t)),
+                    None => {
+                        self.transition = Some(Transition {
+                            target: target.clone(),
+                            started_by: by.clone(),
+                        });
+                        Ok(MetaReply::Done)
+                    }
+                }
+            }
+            MetaCommand::CompleteTransition { target } => match &self.transition {
+                Some(t) if &t.target == target => {
+                    self.servers.clone_from(target);
+                    self.transition = None;
+                    self.prune_down();
+                    Ok(MetaReply::Epoch(self.epoch()))
+                }
+                _ => Err(MetaRefusal::NoSuchTransition {
+                    target: target.clone(),
+                }),
+            },
+            // Idempotent: "no transition" is the state asked for, whether or not one ran.
+            MetaCommand::AbortTransition => {
+                self.transition = None;
+                self.prune_down();
+                Ok(MetaReply::Done)
+            }
+            MetaCommand::MarkDown { addr } => {
+                if !self.is_server(addr) {
+                    return Err(MetaRefusal::UnknownServer { addr: addr.clone() });
+                }
+                self.down.insert(addr.clone());
+                Ok(MetaReply::Done)
+            }
+            MetaCommand::MarkUp { addr } => {
+                self.down.remove(addr);
+                Ok(MetaReply::Done)
+            }
+            MetaCommand::CreateTable {
+                name,
+                incarnation,
+                spec,
+            } => match self.tables.get(name) {
+                // Idempotent for the same incarnation: the creator may retry after a lost reply.
+                // The spec stays the first one: an incarnation names one table.
+                Some(t) if t.incarnation == *incarnation => Ok(MetaReply::Table(t.clone())),
+                Some(t) => Err(MetaRefusal::TableExists {
+                    name: name.clone(),
+                    incarnation: t.incarnation,
+                }),
+                None => {
+                    let t = TableMeta {
+                        incarnation: *incarnation,
+                        spec: spec.clone(),
+                        high_water: 0,
+                        current: 0,
+                    };
+                    self.tables.insert(name.clone(), t.clone());
+                    Ok(MetaReply::Table(t))
+                }
+            },
+            MetaCommand::DropTable { name, incarnation } => {
+                self.table_mut(name, *incarnation)?;
+                self.tables.remove(name);
+                Ok(MetaReply::Done)
+            }
+            MetaCommand::RaiseHighWater {
+                name,
+                incarnation,
+                version,
+            } => {
+                let t = self.table_mut(name, *incarnation)?;
+                if *version <= t.high_water {
+                    return Err(MetaRefusal::VersionUsed {
+                        name: name.clone(),
+                        version: *version,
+                        high_water: t.high_water,
+                    });
+                }
+                t.high_water = *version;
+                Ok(MetaReply::Table(t.clone()))
+            }
+            MetaCommand::SetCurrent {
+                name,
+                incarnation,
+                version,
+            } => {
+                let t = self.table_mut(name, *incarnation)?;
+                if *version == 0 || *version > t.high_water {
+                    return Err(MetaRefusal::VersionNotCreated {
+                        name: name.clone(),
+                        version: *version,
+                        high_water: t.high_water,
+                    });
+                }
+                t.current = *version;
+                Ok(MetaReply::Table(t.clone()))
+            }
+        }
+    }
+
+    fn is_server(&self, addr: &str) -> bool {
+        self.servers.iter().any(|s| s == addr)
+            || self
+                .transition
+                .as_ref()
+                .is_some_and(|t| t.target.iter().any(|s| s == addr))
+    }
+
+    /// Down marks are kept only for servers the cluster still names, so a server removed and
+    /// later added again starts up.
+    fn prune_down(&mut self) {
+        let down = std::mem::take(&mut self.down);
+        self.down = down.into_iter().filter(|a| self.is_server(a)).collect();
+    }
+
+    fn table_mut(&mut self, name: &str, incarnation: u64) -> Result<&mut TableMeta, MetaRefusal> {
+        match self.tables.get_mut(name) {
+            None => Err(MetaRefusal::NoSuchTable {
+                name: name.to_owned(),
+            }),
+            Some(t) if t.incarnation != incarnation => Err(MetaRefusal::WrongIncarnation {
+                name: name.to_owned(),
+                expected: incarnation,
+                actual: t.incarnation,
+            }),
+            Some(t) => Ok(t),
+        }
+    }
+}
+
+fn epoch_of_list(servers: &[String]) -> u64 {
+    if servers.is_empty() {
+        0
+    } else {
+        ramgrid_proto::cluster::epoch_of(servers)
+    }
+}
+
+fn in_progress(t: &Transition) -> MetaRefusal {
+    MetaRefusal::TransitionInProgress {
+        target: t.target.clone(),
+        started_by: t.started_by.clone(),
+    }
+}
+
+fn check_servers(servers: &[String]) -> Result<(), MetaRefusal> {
+    if servers.is_empty() {
+        return Err(MetaRefusal::InvalidServers {
+            reason: "no servers".into(),
+        });
+    }
+    let mut seen = BTreeSet::new();
+    for s in servers {
+        if s.is_empty() || s.contains(char::is_whitespace) {
+            return Err(MetaRefusal::InvalidServers {
+                reason: format!("bad address {s:?}"),
+            });
+        }
+        if !seen.insert(s.as_str()) {
+            return Err(MetaRefusal::InvalidServers {
+                reason: format!("{s} is listed twice"),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(xs: &[&str]) -> Vec<String> {
+        xs.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Apply `cmd`, and check that a refusal left the state exactly as it was.
+    fn run(st: &mut MetaState, cmd: MetaCommand) -> Result<MetaReply, MetaRefusal> {
+        let before = st.clone();
+        let r = st.apply(&cmd);
+        if r.is_err() {
+            assert_eq!(*st, before, "a refused {cmd:?} changed the state");
+        }
+        r
+    }
+
+    fn set(servers: &[&str], expect_epoch: Option<u64>) -> MetaCommand {
+        MetaCommand::SetServers {
+            servers: list(servers),
+            expect_epoch,
+        }
+    }
+
+    #[test]
+    fn set_servers_computes_the_protocol_epoch_and_compares_and_sets() {
+        let mut st = MetaState::default();
+        assert_eq!(st.epoch(), 0);
+        let e1 = ramgrid_proto::cluster::epoch_of(&["a:1", "b:2"]);
+        assert_eq!(
+            run(&mut st, set(&["a:1", "b:2"], Some(0))),
+            Ok(MetaReply::Epoch(e1))
+        );
+        assert_eq!(st.epoch(), e1);
+        // CAS against a stale epoch is refused.
+        assert_eq!(
+            run(&mut st, set(&["a:1"], Some(0))),
+            Err(MetaRefusal::EpochMismatch {
+                expected: 0,
+                actual: e1
+            })
+        );
+        let e2 = ramgrid_proto::cluster::epoch_of(&["b:2", "a:1"]);
+        assert_eq!(
+            run(&mut st, set(&["b:2", "a:1"], Some(e1))),
+            Ok(MetaReply::Epoch(e2))
+        );
+        // Without expect_epoch it always applies.
+        assert!(run(&mut st, set(&["c:3"], None)).is_ok());
+        assert_eq!(st.servers, list(&["c:3"]));
+    }
+
+    #[test]
+    fn set_servers_refuses_bad_lists() {
+        let mut st = MetaState::default();
+        assert!(matches!(
+            run(&mut st, set(&[], None)),
+            Err(MetaRefusal::InvalidServers { .. })
+        ));
+        assert!(matches!(
+            run(&mut st, set(&["a:1", "a:1"], None)),
+            Err(MetaRefusal::InvalidServers { .. })
+        ));
+        assert!(matches!(
+            run(&mut st, set(&["a 1"], None)),
+            Err(MetaRefusal::InvalidServers { .. })
+        ));
+    }
+
+    #[test]
+    fn transitions_begin_idempotently_complete_and_abort() {
+        let mut st = MetaState::default();
+        run(&mut st, set(&["a:1", "b:2"], None)).unwrap();
+        let target = list(&["a:1", "b:2", "c:3"]);
+        let begin = |t: &[String], by: &str| MetaCommand::BeginTransition {
+            target: t.to_vec(),
+            by: by.into(),
+        };
+        assert_eq!(run(&mut st, begin(&target, "a:1")), Ok(MetaReply::Done));
+        // The same target again: accepted, and the first starter is kept.
+        assert_eq!(run(&mut st, begin(&target, "b:2")), Ok(MetaReply::Done));
+        assert_eq!(st.transition.as_ref().unwrap().started_by, "a:1");
+        // Another target while one runs: refused, as is replacing the spec under it.
+        assert!(matches!(
+            run(&mut st, begin(&list(&["a:1"]), "b:2")),
+            Err(MetaRefusal::TransitionInProgress { .. })
+        ));
+        assert!(matches!(
+            run(&mut st, set(&["a:1"], None)),
+            Err(MetaRefusal::TransitionInProgress { .. })
+        ));
+        // Completing another target is refused.
+        assert!(matches!(
+            run(
+                &mut st,
+                MetaCommand::CompleteTransition {
+                    target: list(&["a:1"])
+                }
+            ),
+            Err(MetaRefusal::NoSuchTransition { .. })
+        ));
+        let e = ramgrid_proto::cluster::epoch_of(&target);
+        assert_eq!(
+            run(
+                &mut st,
+                MetaCommand::CompleteTransition {
+                    target: target.clone()
+                }
+            ),
+            Ok(MetaReply::Epoch(e))
+        );
+        assert_eq!(st.servers, target);
+        assert_eq!(st.transition, None);
+        // Completing twice is refused: it is no longer in progress.
+        assert!(matches!(
+            run(
+                &mut st,
+                MetaCommand::CompleteTransition {
+                    target: target.clone()
+                }
+            ),
+            Err(MetaRefusal::NoSuchTransition { .. })
+        ));
+        // Abort forgets a transition and keeps the spec; with none it is a no-op.
+        run(&mut st, begin(&list(&["a:1"]), "ops")).unwrap();
+        assert_eq!(
+            run(&mut st, MetaCommand::AbortTransition),
+            Ok(MetaReply::Done)
+        );
+        assert_eq!(st.transition, None);
+        assert_eq!(st.servers, target);
+        assert_eq!(
+            run(&mut st, MetaCommand::AbortTransition),
+            Ok(MetaReply::Done)
+        );
+        // A bad target is refused.
+        assert!(matches!(
+            run(&mut st, begin(&[], "ops")),
+            Err(MetaRefusal::InvalidServers { .. })
+        ));
+    }
+
+    #[test]
+    fn down_marks_name_known_servers_and_are_pruned_with_them() {
+        let mut st = MetaState::default();
+        run(&mut st, set(&["a:1", "b:2"], None)).unwrap();
+        let down = |a: &str| MetaCommand::MarkDown { addr: a.into() };
+        assert_eq!(run(&mut st, down("b:2")), Ok(MetaReply::Done));
+        assert_eq!(run(&mut st, down("b:2")), Ok(MetaReply::Done));
+        assert!(st.down.contains("b:2"));
+        assert_eq!(
+            run(&mut st, down("z:9")),
+            Err(MetaRefusal::UnknownServer { addr: "z:9".into() })
+        );
+        assert_eq!(
+            run(&mut st, MetaCommand::MarkUp { addr: "b:2".into() }),
+            Ok(MetaReply::Done)
+        );
+        assert!(st.down.is_empty());
+        // A server of the transition's target may be marked down; leaving the spec clears it.
+        run(
+            &mut st,
+            MetaCommand::BeginTransition {
+                target: list(&["a:1", "c:3"]),
+                by: "ops".into(),
+            },
+        )
+        .unwrap();
+        run(&mut st, down("c:3")).unwrap();
+        run(&mut st, down("b:2")).unwrap();
+        run(
+            &mut st,
+            MetaCommand::CompleteTransition {
+                target: list(&["a:1", "c:3"]),
+            },
+        )
+        .unwrap();
+        assert_eq!(st.down, BTreeSet::from(["c:3".to_string()]));
+        run(
+            &mut st,
+            MetaCommand::MarkUp {
+                addr: "nobody:1".into(),
+            },
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn create_table_one_incarnation_wins() {
+        let mut st = MetaState::default();
+        let create = |inc: u64, spec: &[u8]| MetaCommand::CreateTable {
+            name: "t".into(),
+            incarnation: inc,
+            spec: spec.to_vec(),
+        };
+        let made = TableMeta {
+            incarnation: 7,
+            spec: b"s1".to_vec(),
+            high_water: 0,
+            current: 0,
+        };
+        assert_eq!(
+            run(&mut st, create(7, b"s1")),
+            Ok(MetaReply::Table(made.clone()))
+        );
+        // The same incarnation again: the table as it is.
+        assert_eq!(
+            run(&mut st, create(7, b"other")),
+            Ok(MetaReply::Table(made))
+        );
+        assert_eq!(
+            run(&mut st, create(8, b"s2")),
+            Err(MetaRefusal::TableExists {
+                name: "t".into(),
+                incarnation: 7
+            })
+        );
+    }
+
+    #[test]
+    fn drop_table_needs_the_incarnation() {
+        let mut st = MetaState::default();
+        let drop = |inc: u64| MetaCommand::DropTable {
+            name: "t".into(),
+            incarnation: inc,
+        };
+        assert_eq!(
+            run(&mut st, drop(1)),
+            Err(MetaRefusal::NoSuchTable { name: "t".into() })
+        );
+        run(
+            &mut st,
+            MetaCommand::CreateTable {
+                name: "t".into(),
+                incarnation: 1,
+                spec: vec![],
+            },
+        )
+        .unwrap();
+        assert!(matches!(
+            run(&mut st, drop(2)),
+            Err(MetaRefusal::WrongIncarnation {
+                expected: 2,
+                actual: 1,
+                ..
+            })
+        ));
+        assert_eq!(run(&mut st, drop(1)), Ok(MetaReply::Done));
+        assert!(st.tables.is_empty());
+        // Created again under the name, it is another incarnation.
+        run(
+            &mut st,
+            MetaCommand::CreateTable {
+                name: "t".into(),
+                incarnation: 2,
+                spec: vec![],
+            },
+        )
+        .unwrap();
+        assert_eq!(st.tables["t"].incarnation, 2);
+    }
+
+    #[test]
+    fn high_water_only_rises_and_current_names_a_created_version() {
+        let mut st = MetaState::default();
+        run(
+            &mut st,
+            MetaCommand::CreateTable {
+                name: "t".into(),
+                incarnation: 1,
+                spec: vec![],
+            },
+        )
+        .unwrap();
+        let raise = |inc: u64, v: u32| MetaCommand::RaiseHighWater {
+            name: "t".into(),
+            incarnation: inc,
+            version: v,
+        };
+        let current = |inc: u64, v: u32| MetaCommand::SetCurrent {
+            name: "t".into(),
+            incarnation: inc,
+            version: v,
+        };
+        assert!(matches!(
+            run(&mut st, current(1, 1)),
+            Err(MetaRefusal::VersionNotCreated {
+                version: 1,
+                high_water: 0,
+                ..
+            })
+        ));
+        run(&mut st, raise(1, 3)).unwrap();
+        assert!(matches!(
+            run(&mut st, raise(1, 3)),
+            Err(MetaRefusal::VersionUsed {
+                version: 3,
+                high_water: 3,
+                ..
+            })
+        ));
+        assert!(matches!(
+            run(&mut st, raise(1, 2)),
+            Err(MetaRefusal::VersionUsed { .. })
+        ));
+        assert!(matches!(
+            run(&mut st, raise(9, 4)),
+            Err(MetaRefusal::WrongIncarnation { .. })
+        ));
+        assert!(matches!(
+            run(
+                &mut st,
+                MetaCommand::RaiseHighWater {
+                    name: "nope".into(),
+                    incarnation: 1,
+                    version: 4
+                }
+            ),
+            Err(MetaRefusal::NoSuchTable { .. })
+        ));
+        let r = run(&mut st, current(1, 2)).unwrap();
+        assert_eq!(
+            r,
+            MetaReply::Table(TableMeta {
+                incarnation: 1,
+                spec: vec![],
+                high_water: 3,
+                current: 2
+            })
+        );
+        // Setting it again is harmless; 0 and unreleased numbers are refused.
+        run(&mut st, current(1, 2)).unwrap();
+        assert!(run(&mut st, current(1, 0)).is_err());
+        assert!(run(&mut st, current(1, 4)).is_err());
+        assert!(matches!(
+            run(&mut st, current(2, 3)),
+            Err(MetaRefusal::WrongIncarnation { .. })
+        ));
+        assert_eq!(st.tables["t"].current, 2);
+    }
+
+    #[test]
+    fn state_round_trips_through_json() {
+        let mut st = MetaState::default();
+        run(&mut st, set(&["a:1"], None)).unwrap();
+        run(&mut st, MetaCommand::MarkDown { addr: "a:1".into() }).unwrap();
+        run(
+            &mut st,
+            MetaCommand::CreateTable {
+                name: "t".into(),
+                incarnation: u64::MAX,
+                spec: vec![0, 255],
+            },
+        )
+        .unwrap();
+        st.members.insert(
+            3,
+            Member {
+                addr: "a:9".into(),
+                voter: true,
+            },
+        );
+        let back: MetaState = serde_json::from_slice(&serde_json::to_vec(&st).unwrap()).unwrap();
+        assert_eq!(back, st);
+    }
+}
