@@ -29,6 +29,8 @@ OPCODES = {
     "DROP_VERSION": 0x1B,
     "SET_SPEC": 0x20,
     "GET_SPEC": 0x21,
+    "EXPORT_PARTITION": 0x22,
+    "CLUSTER_STATUS": 0x23,
     "GET": 0x30,
     "PUT": 0x31,
     "DELETE": 0x32,
@@ -51,6 +53,7 @@ STATUSES = [
     "VERSION_EXISTS",
     "VERSION_NOT_SEALED",
     "UNSUPPORTED_PROTOCOL",
+    "REPAIRING",
 ]
 KEY_STATUSES = ["OK", "NOT_FOUND", "KEY_TOO_LARGE", "VALUE_TOO_LARGE", "WRONG_TYPE", "OUT_OF_MEMORY"]
 VALUE_KINDS = ["bytes", "i64", "f64", "f32vec"]
@@ -263,8 +266,11 @@ def _batch_head(f: dict) -> bytes:
 def encode_request_body(opcode: str, f: dict) -> bytes:
     if opcode == "HELLO":
         return _u8(f["protocol_version"]) + _b16(bytes.fromhex(f["token_hex"])) + _s16(f["client_name"])
-    if opcode in ("PING", "LIST_TABLES", "GET_SPEC"):
+    if opcode in ("PING", "LIST_TABLES", "GET_SPEC", "CLUSTER_STATUS"):
         return b""
+    if opcode == "EXPORT_PARTITION":
+        out = _s16(f["table"]) + _u64(f["incarnation"]) + _u32(f["version"]) + _u32(f["partition"])
+        return out + _u64(f["epoch"]) + _u64(f["export_id"]) + _u64(f["offset"]) + _u32(f["max_len"])
     if opcode == "CREATE_TABLE":
         head = _s16(f["name"]) + _u32(f["partitions"]) + _u32(f["replication"]) + _vt(f["value_type"])
         return head + _u8(DURABILITIES.index(f["durability"])) + _u64(f["incarnation"])
@@ -302,8 +308,19 @@ def decode_request_body(opcode: str, body: bytes) -> dict:
             "token_hex": r.bytes16("token").hex(),
             "client_name": r.str16("client name"),
         }
-    elif opcode in ("PING", "LIST_TABLES", "GET_SPEC"):
+    elif opcode in ("PING", "LIST_TABLES", "GET_SPEC", "CLUSTER_STATUS"):
         f = {}
+    elif opcode == "EXPORT_PARTITION":
+        f = {
+            "table": r.name(),
+            "incarnation": r.u64("incarnation"),
+            "version": r.u32("version"),
+            "partition": r.u32("partition"),
+            "epoch": r.u64("epoch"),
+            "export_id": r.u64("export id"),
+            "offset": r.u64("offset"),
+            "max_len": r.u32("max len"),
+        }
     elif opcode == "CREATE_TABLE":
         f = {
             "name": r.name(),
@@ -353,7 +370,7 @@ def encode_response_body(opcode: str, f: dict) -> bytes:
         out = _u8(STATUSES.index(status))
         if status == "WRONG_EPOCH":
             out += _u64(f["server_epoch"])
-        if status == "NOT_OWNER":
+        if status in ("NOT_OWNER", "REPAIRING"):
             out += _u32(len(f["partitions"])) + b"".join(_u32(p) for p in f["partitions"])
         return out + _s16(f["message"])
     out = _u8(0)
@@ -369,6 +386,11 @@ def encode_response_body(opcode: str, f: dict) -> bytes:
         return out + _u64(f["epoch"])
     if opcode == "GET_SPEC":
         return out + _u64(f["epoch"]) + _b32(bytes.fromhex(f["spec_hex"]))
+    if opcode == "EXPORT_PARTITION":
+        head = _u64(f["export_id"]) + _u64(f["total"]) + _u8(int(f["sealed"]))
+        return out + head + _b32(bytes.fromhex(f["chunk_hex"]))
+    if opcode == "CLUSTER_STATUS":
+        return out + _b32(f["text"].encode())
     if opcode == "GET":
         vt = f["value_type"]
         w = _width(vt)
@@ -395,7 +417,7 @@ def decode_response_body(opcode: str, body: bytes) -> dict:
     if code != 0:
         if f["status"] == "WRONG_EPOCH":
             f["server_epoch"] = r.u64("server epoch")
-        if f["status"] == "NOT_OWNER":
+        if f["status"] in ("NOT_OWNER", "REPAIRING"):
             f["partitions"] = [r.u32("partition") for _ in range(r.u32("partition count"))]
         f["message"] = r.str16("message")
     elif opcode == "HELLO":
@@ -416,6 +438,19 @@ def decode_response_body(opcode: str, body: bytes) -> dict:
     elif opcode == "GET_SPEC":
         f["epoch"] = r.u64("epoch")
         f["spec_hex"] = r.bytes32("spec").hex()
+    elif opcode == "EXPORT_PARTITION":
+        f["export_id"] = r.u64("export id")
+        f["total"] = r.u64("total")
+        sealed = r.u8("sealed")
+        if sealed > 1:
+            raise WireError("malformed", "sealed")
+        f["sealed"] = bool(sealed)
+        f["chunk_hex"] = r.bytes32("chunk").hex()
+    elif opcode == "CLUSTER_STATUS":
+        try:
+            f["text"] = r.bytes32("status").decode()
+        except UnicodeDecodeError:
+            raise WireError("malformed", "status") from None
     elif opcode == "GET":
         f["version"] = r.u32("version")
         vt = f["value_type"] = r.value_type()

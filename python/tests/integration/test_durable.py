@@ -126,8 +126,12 @@ def test_a_sealed_version_survives_sigkill_and_restart_exactly(cluster: Cluster)
     assert got == list(names.values())
     assert np.array_equal(v32.get_many(np.arange(3_000)), vecs)
     assert f.describe()["high_water"] == 3
-    # Tables with durability "memory" are not kept.
-    assert "scratch" not in g.tables()
+    # A table with durability "memory" keeps no data across restarts: in this rolling restart
+    # each server learned the table back from the other one, but its partitions (replication 1)
+    # had no other copy, so they are refused as being repaired, never read as missing.
+    assert "scratch" in g.tables()
+    with pytest.raises(ramgrid.RamgridError):
+        g.table("scratch").get_many(np.arange(10), default=-1)
     g.close()
 
 
@@ -175,7 +179,9 @@ def test_dropped_versions_and_tables_stay_dropped(cluster: Cluster) -> None:
     g = grid(cluster)
     assert "gone" not in g.tables()
     t = g.table("keep")
-    assert [x["version"] for x in t.versions()] == [3]
+    # Version 2 stays dropped; the open head (1) is not on disk but each server of this rolling
+    # restart copied it back from the other.
+    assert [x["version"] for x in t.versions()] == [1, 3]
     assert np.array_equal(t.get_many(keys), keys + 1)
     assert not list(cluster.data_dir(0).glob("tables/gone-*"))
     g.close()
