@@ -12,11 +12,12 @@
 //! (`ramgrid_store::tables` copy docs); the repair thread (`repair.rs`) copies it in from a
 //! replica. Leaving partitions are emptied when the move completes (the spec without `next`).
 //!
-//! Epochs: a request must carry this server's epoch, except that (1) during a move, reads routed
+//! Epochs: a request must carry this server's epoch, except that during a move, reads routed
 //! under the spec the move started from are still served (they go to the old holders, which
-//! keep their data), and (2) once a move completed, requests routed under the move's spec are
-//! still served (its writes reached every new holder). Writes under the spec a move started
-//! from are refused: they would miss the new holders.
+//! keep their data). Everything else routed under another spec is refused (WRONG_EPOCH), so a
+//! client learns each change from its first refused request: writes under the spec a move
+//! started from would miss the new holders, and writes under a completed (or undone) move's spec
+//! would wait for servers that are no longer replicas.
 
 use std::sync::atomic::Ordering;
 
@@ -35,8 +36,8 @@ pub struct ClusterState {
     pub epoch: u64,
     /// This server's index among the spec's members, if it is one.
     pub index: Option<u32>,
-    /// The epoch installed before this one, and whether writes routed under it are served.
-    pub previous: Option<(u64, bool)>,
+    /// The epoch installed before this one (reads routed under it are served during a move).
+    pub previous: Option<u64>,
 }
 
 impl ClusterState {
@@ -88,16 +89,10 @@ pub fn install_spec(state: &NativeState, spec: ClusterSpec) -> Result<u64, Strin
     if old.as_ref().is_some_and(|o| o.epoch == epoch) {
         return Ok(epoch);
     }
-    // Writes under the spec a move started from would miss the new holders; under a move's own
-    // spec, once complete, they reached every holder of the new map.
-    // (Not after an undone move: its writes need servers that are not replicas any more.)
-    let previous = old.as_ref().map(|o| {
-        let completed = o
-            .spec
-            .target()
-            .is_some_and(|t| t.servers() == spec.servers());
-        (o.epoch, completed && spec.next().is_none())
-    });
+    // Reads routed under the spec a move started from are still served during the move (the
+    // old holders keep their data); nothing else is served under an older spec, so a client
+    // learns every change from its first refused request.
+    let previous = old.as_ref().map(|o| o.epoch);
     let new = ClusterState {
         spec: spec.clone(),
         epoch,
@@ -165,15 +160,9 @@ pub fn check_epoch(
     if epoch == c.epoch {
         return Ok(());
     }
-    match c.previous {
-        Some((prev, writes_ok)) if prev == epoch => {
-            let moving = c.spec.next().is_some();
-            // During a move: reads under the old spec. After one: anything under the move's.
-            if (moving && !write) || (!moving && writes_ok && epoch != 0) {
-                return Ok(());
-            }
-        }
-        _ => {}
+    // During a move: reads under the spec it started from.
+    if c.previous == Some(epoch) && c.spec.next().is_some() && !write {
+        return Ok(());
     }
     Err(ErrorReply::wrong_epoch(c.epoch))
 }

@@ -425,15 +425,16 @@ fn copy_one(
     }
     let items = state
         .tables
-        .import_image(&spec.name, version, partition, &image, sealed)
+        .import_image(&spec.name, version, partition, &image)
         .map_err(|e| PeerError::Failed(format!("import from {src}: {e}")))?;
     let r = &state.repair;
     r.copied_partitions.fetch_add(1, Ordering::Relaxed);
     r.copied_bytes
         .fetch_add(image.len() as u64, Ordering::Relaxed);
     eprintln!(
-        "ramgrid-server: repair: copied {} v{version} partition {partition} from {src}: {items} items, {} bytes, {:.0} ms",
+        "ramgrid-server: repair: copied {} v{version} ({}) partition {partition} from {src}: {items} items, {} bytes, {:.0} ms",
         spec.name,
+        if sealed { "sealed" } else { "open" },
         image.len(),
         started.elapsed().as_secs_f64() * 1e3
     );

@@ -54,7 +54,7 @@ fn an_open_copy_keeps_the_writes_and_deletes_made_during_it() {
     dst.delete_batch("t", 1, 0, [&b"c"[..]], &mut st).unwrap();
     assert_eq!(dst.pending("t").unwrap()[0].partitions, [0, 1]);
 
-    dst.import_image("t", 1, 0, &image, sealed).unwrap();
+    dst.import_image("t", 1, 0, &image).unwrap();
     assert_eq!(get(&dst, 0, "a"), Ok(Some(1)), "copied");
     assert_eq!(get(&dst, 0, "b"), Ok(Some(20)), "the later write stands");
     assert_eq!(get(&dst, 0, "c"), Ok(None), "the delete stands");
@@ -83,7 +83,7 @@ fn a_sealed_copy_replaces_its_partition_and_a_corrupt_one_changes_nothing() {
     let last = bad.len() - 1;
     bad[last] ^= 1;
     assert!(matches!(
-        dst.import_image("t", 2, 0, &bad, true),
+        dst.import_image("t", 2, 0, &bad),
         Err(Error::CorruptImage(_))
     ));
     assert_eq!(
@@ -92,7 +92,7 @@ fn a_sealed_copy_replaces_its_partition_and_a_corrupt_one_changes_nothing() {
         "still refused, never empty"
     );
     let reader = dst.at("t", 2).unwrap();
-    assert_eq!(dst.import_image("t", 2, 0, &image, true), Ok(1));
+    assert_eq!(dst.import_image("t", 2, 0, &image), Ok(1));
     assert_eq!(get(&dst, 2, "x"), Ok(Some(9)));
     // A handle taken before the copy keeps reading what it saw (the version was rebuilt).
     assert!(reader.is_missing(0));

@@ -272,7 +272,6 @@ impl Tables {
         version: u32,
         partition: u32,
         image: &[u8],
-        sealed: bool,
     ) -> Result<usize> {
         let table = self.table(name)?;
         let spec = &table.spec;
@@ -300,7 +299,7 @@ impl Tables {
         let Some(data) = open.as_mut() else {
             // Sealed since we looked: try again as a sealed import.
             drop(open);
-            return self.import_image(name, version, partition, image, sealed);
+            return self.import_image(name, version, partition, image);
         };
         let mut touched = slot.touched.lock();
         let skip = touched.take().unwrap_or_default();
