@@ -2,7 +2,7 @@
 servers come and go, and keep exact books so the test can prove that no acknowledged write was lost and no read
 was wrong.
 
-The table is an i64 table; key k always holds `value_of(k)`, written once and never changed, so a read is checked
+`Jobs` is used by test_membership.py and test_chaos.py. The table is an i64 table; key k always holds `value_of(k)`, written once and never changed, so a read is checked
 exactly against arithmetic rather than against a copy that could share a bug.
 """
 
@@ -42,6 +42,8 @@ class Books:
     # Keys whose write never got acknowledged after every retry: their state is unknown, so they are left out of
     # the checks (never counted as acknowledged).
     unacked: list[int] = field(default_factory=list)
+    # The first reasons writes failed (up to 20), for the report.
+    write_errors: list[str] = field(default_factory=list)
     reads: int = 0
     keys_checked: int = 0
     read_errors: list[str] = field(default_factory=list)
@@ -50,14 +52,18 @@ class Books:
 
     def acked_keys(self) -> np.ndarray:
         with self.lock:
-            return np.concatenate(self.acked) if self.acked else np.zeros(0, dtype=np.int64)
+            if len(self.acked) > 1:  # kept as one array, so a long run does not concatenate thousands each read
+                self.acked = [np.concatenate(self.acked)]
+            return self.acked[0] if self.acked else np.zeros(0, dtype=np.int64)
 
 
 class Jobs:
     """A writer thread (put_many of fresh keys, ack="all", failed keys retried) and a reader thread (get_many of a
     sample of acknowledged keys, each value checked) on their own clients, until `stop()`."""
 
-    def __init__(self, spec: str, table: str, first_key: int, *, batch: int = 500, sample: int = 2000) -> None:
+    def __init__(
+        self, spec: str, table: str, first_key: int, *, batch: int = 500, sample: int = 2000, pause: float = 0.0
+    ) -> None:
         # Distinct configurations, so each job has its own native client and learns of moves from the servers,
         # as a job in another process would.
         self.writer_grid = ramgrid.connect(spec, ack="all", call_timeout=20.0)
@@ -67,6 +73,8 @@ class Jobs:
         self.next_key = first_key
         self.batch = batch
         self.sample = sample
+        # Seconds the writer waits between batches: bounds the memory a long run fills.
+        self.pause = pause
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._guard, args=(self._write,), name="writer", daemon=True),
@@ -111,8 +119,10 @@ class Jobs:
                 failed_idx = []
             except BatchError as e:
                 failed_idx = sorted({int(i) for i, _ in e.failures})
-            except RamgridError:
+                self._note(f"{len(failed_idx)} of {len(keys)} refused, e.g. {e.failures[0][1]}")
+            except RamgridError as e:
                 failed_idx = list(range(len(keys)))
+                self._note(f"{type(e).__name__}: {e}")
             ok = np.ones(len(keys), dtype=bool)
             ok[failed_idx] = False
             self.add_acked(keys[ok])
@@ -136,8 +146,15 @@ class Jobs:
             retry = np.array(again, dtype=np.int64)
             if failed_idx:
                 time.sleep(0.05)
+            elif self.pause:
+                time.sleep(self.pause)
         with self.books.lock:
             self.books.unacked.extend(retry.tolist())
+
+    def _note(self, why: str) -> None:
+        with self.books.lock:
+            if len(self.books.write_errors) < 20:
+                self.books.write_errors.append(f"{time.monotonic():.2f} {why}")
 
     def _read(self) -> None:
         t = self.reader_grid.table(self.table)
