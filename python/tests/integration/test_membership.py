@@ -126,3 +126,12 @@ def test_cli_cluster_add_status_remove(tmp_path: Path) -> None:
     finally:
         stop_processes([sp.proc for sp in extra])
         _rg(env, "cluster", "down")
+
+
+def test_the_grow_cluster_example_runs() -> None:
+    example = Path(__file__).resolve().parents[3] / "examples" / "grow_cluster.py"
+    r = subprocess.run(
+        [sys.executable, str(example), "--keys", "50000"], capture_output=True, text=True, timeout=50, check=False
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "now 4 servers" in r.stdout and "every value exact" in r.stdout
