@@ -52,6 +52,10 @@ SOAK_SECONDS ?= 600
 soak: develop build ## Slow tier: mixed traffic for SOAK_SECONDS (600) on both protocols; RSS must stay flat
 	RAMGRID_SOAK_SECONDS=$(SOAK_SECONDS) $(PY) -m pytest python/tests/integration/test_soak.py -m slow -s
 
+CHAOS_SECONDS ?= 300
+chaos: develop build ## Slow tier: servers killed and restarted, then added and removed, under jobs for CHAOS_SECONDS (300) each; exact reads, no acked write lost
+	RAMGRID_CHAOS_SECONDS=$(CHAOS_SECONDS) $(PY) -m pytest python/tests/integration/test_chaos.py -m slow -s
+
 FUZZ_SECONDS ?= 30
 # The coverage flags cargo-fuzz would pass, so the targets build on stable without cargo-fuzz or nightly.
 FUZZ_RUSTFLAGS := -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
@@ -69,4 +73,4 @@ fuzz: develop ## Short libFuzzer run of every parser target (FUZZ_SECONDS each; 
 clean: ## Remove build outputs and the venv
 	$(CARGO) clean; rm -rf $(VENV)
 
-.PHONY: help setup develop build demo compare test lint bench fuzz soak clean
+.PHONY: help setup develop build demo compare test lint bench fuzz soak chaos clean

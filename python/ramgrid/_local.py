@@ -36,17 +36,20 @@ _SCRUBBED_ENV = (
     "RAMGRID_MEMORY",
     "RAMGRID_TABLE_MEMORY",
     "RAMGRID_CLUSTER_SPEC",
+    "RAMGRID_JOIN",
     "RAMGRID_TOKEN",
 )
 
 
 class ServerProcess:
-    """One started server: its process, address and log files."""
+    """One started server: its process, address and log files, and the number its logs and data directory are
+    named after (`server{index}.out`, `server-{index}/`), which stays with it when servers before it leave."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], stdout_path: Path, stderr_path: Path) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], stdout_path: Path, stderr_path: Path, index: int = 0) -> None:
         self.proc = proc
         self.stdout_path = stdout_path
         self.stderr_path = stderr_path
+        self.index = index
         self.address: str | None = None
 
     @property
@@ -141,7 +144,7 @@ def _spawn(i: int, args: list[str], env: dict[str, str], log_dir: Path, files: c
         # instead of killing the servers under a still-running job.
         start_new_session=True,
     )
-    return ServerProcess(proc, out_path, err_path)
+    return ServerProcess(proc, out_path, err_path, i)
 
 
 def _wait_listening(sp: ServerProcess, i: int, deadline: float, start_timeout: float) -> str:
@@ -198,7 +201,10 @@ def _finalize(procs: list[subprocess.Popen[bytes]], config: GridConfig, tmpdir: 
 
 class LocalGrid(Grid):
     """A `Grid` whose servers this process started on loopback. Stops them on `close()`, on leaving a `with`
-    block, when garbage-collected, and at interpreter exit. Pickles as a plain `Grid` (the processes stay here)."""
+    block, when garbage-collected, and at interpreter exit. Pickles as a plain `Grid` (the processes stay here).
+
+    Servers are numbered in spec order: `add_server()` appends one, `remove_server(i)` takes server i out (the
+    ones after it move down by one), `restart(i)` restarts server i on its address and it repairs itself."""
 
     def __init__(
         self,
@@ -232,8 +238,11 @@ class LocalGrid(Grid):
         addresses = tuple(str(sp.address) for sp in self._servers)
         config = GridConfig(servers=addresses, token=token, timeout=timeout, ack=ack, near_cache_bytes=near_cache_bytes)
         super().__init__(config)
-        # The finalizer stops whatever processes this list holds when it runs (restart() updates it).
+        # The finalizer stops whatever processes this list holds when it runs (restart(), add_server() and
+        # remove_server() keep it equal to the running servers', in place).
         self._procs = [sp.proc for sp in self._servers]
+        self._next_index = servers
+        self.last_move: dict[str, Any] | None = None
         self._finalizer = weakref.finalize(self, _finalize, self._procs, config, tmpdir, os.getpid())
         try:
             client_for(config).push_spec()
@@ -243,13 +252,13 @@ class LocalGrid(Grid):
 
     @property
     def addresses(self) -> list[str]:
-        """Server addresses, in spec order."""
-        return list(self._config.servers)
+        """Server addresses, in spec order (index i is server i of `kill`, `restart`, `remove_server`)."""
+        return [str(sp.address) for sp in self._servers]
 
     @property
     def spec(self) -> str:
         """The cluster spec as a comma-separated string (for `ramgrid.connect`, RAMGRID_SPEC or `--spec`)."""
-        return ",".join(self._config.servers)
+        return ",".join(self.servers)
 
     @property
     def pids(self) -> list[int]:
@@ -260,10 +269,7 @@ class LocalGrid(Grid):
         return not self._finalizer.alive
 
     def _client(self) -> Any:
-        if not self._finalizer.alive:
-            from ramgrid.exceptions import RamgridError
-
-            raise RamgridError("this local grid is closed")
+        self._check_open()
         return client_for(self._config)
 
     def kill(self, i: int) -> None:
@@ -274,28 +280,93 @@ class LocalGrid(Grid):
         p.wait()
 
     def restart(self, i: int) -> None:
-        """Kills server `i` (SIGKILL) and starts a new one on its address with the same flags: empty, unless the
-        grid has a `data_dir`, from which it loads the sealed versions of `durability="snapshot"` tables. The
-        clients give it the spec when they next reach it. For failure tests and demos."""
+        """Kills server `i` (SIGKILL) and starts a new one on its address with the same flags, plus `--join` of the
+        other members: it learns the spec and the tables from them and copies its partitions from their replicas
+        before serving them (reads of a partition still being copied go to another replica meanwhile). It starts
+        empty, unless the grid has a `data_dir`, from which it loads the sealed versions of `durability="snapshot"`
+        tables first. Returns once it listens; `wait_repaired()` waits for the repair. For failure tests and
+        demos."""
+        self._check_open()
+        self.kill(i)
+        sp = self._spawn_server(self._servers[i].index, self.addresses[i], self._join_args(exclude=i))
+        self._servers[i] = sp
+        self._procs[i] = sp.proc
+
+    def add_server(self) -> str:  # type: ignore[override]
+        """Starts one more server (the same flags as the others, its own data directory if the grid has one,
+        `--join` of the current members) and moves to it the partitions it gets (`Grid.add_server`); returns its
+        address, now the last of `addresses`. The move report is in `last_move`. If the move fails the error is
+        raised and the new server stays (running, last of `addresses`): a move that failed after it started is
+        finished by asking for it again (`Grid.add_server(address)`), and one that was refused left it unused."""
+        self._check_open()
+        index = self._next_index
+        self._next_index += 1
+        sp = self._spawn_server(index, "127.0.0.1:0", self._join_args())
+        self._servers.append(sp)
+        self._procs.append(sp.proc)
+        self.last_move = Grid.add_server(self, str(sp.address))
+        return str(sp.address)
+
+    def remove_server(self, i: int) -> dict[str, Any]:  # type: ignore[override]
+        """Moves every partition off server `i` (`Grid.remove_server`), then stops it; the servers after it move
+        down by one. Returns the move report."""
+        self._check_open()
+        sp = self._servers[i]
+        report = Grid.remove_server(self, str(sp.address))
+        self.last_move = report
+        stop_processes([sp.proc])
+        del self._servers[i]
+        self._procs.remove(sp.proc)
+        return report
+
+    def wait_repaired(self, timeout: float = 60.0) -> float:
+        """Waits until every server answers under one spec (the same nonzero epoch), has learned the tables and
+        has no partition left to copy in; returns the seconds waited. Raises RamgridError after `timeout`,
+        quoting the last status."""
+        started = time.monotonic()
+        last: list[dict[str, Any]] = []
+        while True:
+            try:
+                last = self.status()
+            except RamgridError as e:
+                last = [{"error": str(e)}]
+            epochs = {s.get("epoch") for s in last}
+            if (
+                len(last) == len(self._servers)
+                and all(
+                    s.get("ok") and s.get("pending_partitions") == 0 and s.get("catalog_learned") == 1 for s in last
+                )
+                and len(epochs) == 1
+                and 0 not in epochs
+            ):
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                raise RamgridError(f"the local grid did not finish repairing within {timeout:.0f} s: {last}")
+            time.sleep(0.05)
+
+    def _check_open(self) -> None:
         if not self._finalizer.alive:
             raise RamgridError("this local grid is closed")
-        self.kill(i)
-        address = self._config.servers[i]
+
+    def _join_args(self, exclude: int | None = None) -> list[str]:
+        members = [a for j, a in enumerate(self.addresses) if j != exclude]
+        return ["--join", ",".join(members)] if members else []
+
+    def _spawn_server(self, index: int, listen: str, extra: list[str]) -> ServerProcess:
         start = self._start
         env = server_env(start["token"], True)  # type: ignore[arg-type]
-        args = [sys.executable, "-m", "ramgrid._serve", "--listen", address, "--threads", str(start["threads"])]
+        args = [sys.executable, "-m", "ramgrid._serve", "--listen", listen, "--threads", str(start["threads"])]
         args += ["--table-memory", str(start["memory"]), *start["extra_args"]]  # type: ignore[misc]
-        args += _data_args(start["data_dir"], i)  # type: ignore[arg-type]
+        args += _data_args(start["data_dir"], index) + extra  # type: ignore[arg-type]
         with contextlib.ExitStack() as files:
-            sp = _spawn(i, args, env, Path(self._tmpdir), files)
+            sp = _spawn(index, args, env, Path(self._tmpdir), files)
             try:
                 timeout = float(start["start_timeout"])  # type: ignore[arg-type]
-                sp.address = _wait_listening(sp, i, time.monotonic() + timeout, timeout)
+                sp.address = _wait_listening(sp, index, time.monotonic() + timeout, timeout)
             except BaseException:
                 stop_processes([sp.proc], grace=2.0)
                 raise
-        self._servers[i] = sp
-        self._procs[i] = sp.proc
+        return sp
 
     def alive(self) -> list[bool]:
         """Which servers are still running."""
@@ -311,7 +382,7 @@ class LocalGrid(Grid):
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "running"
-        return f"LocalGrid({list(self._config.servers)!r}, {state})"
+        return f"LocalGrid({self.addresses!r}, {state})"
 
 
 def local(
@@ -327,6 +398,7 @@ def local(
     required from clients (the returned handle presents it). Other keyword options: timeout, ack,
     near_cache_bytes, start_timeout, extra_args (more ramgrid-server flags), data_dir (server i keeps the
     snapshots of `durability="snapshot"` tables in `data_dir/server-i`, so `restart(i)` brings them back). Use it
-    as a context manager, or call `close()`; it is also cleaned up at exit.
+    as a context manager, or call `close()`; it is also cleaned up at exit. `add_server()`, `remove_server(i)`
+    and `restart(i)` grow, shrink and repair it under a running job.
     """
     return LocalGrid(servers, memory, threads, token, **options)

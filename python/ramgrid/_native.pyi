@@ -78,6 +78,14 @@ class Client:
         Raises BatchError listing failed keys if any key was refused; the others are stored."""
     def delete_many(self, table: str, keys: KeysLike, version: int = 0) -> int: ...
     def server_stats(self) -> list[dict[str, Any]]: ...
+    def add_server(self, addr: str) -> dict[str, Any]:
+        """Adds the running, empty server at `addr` and moves its partitions to it; the move report:
+        {"from", "to", "partitions_copied", "bytes_copied", "seconds"}."""
+    def remove_server(self, addr: str) -> dict[str, Any]:
+        """Moves every partition off `addr` and drops it from the spec; the move report (as add_server)."""
+    def cluster_status(self) -> list[dict[str, Any]]:
+        """Per server of the spec: {"server": addr, "ok", "error", "server_id", "epoch", "pending_partitions",
+        "copied_partitions", "copied_bytes", ...}."""
     def close(self) -> None: ...
 
 def run_server(args: list[str]) -> None:

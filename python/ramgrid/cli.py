@@ -64,9 +64,19 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("-n", "--servers", type=int, default=3, help="number of servers (default 3)")
     up.add_argument("--memory", default="256MiB", help="table memory per server (default 256MiB)")
     up.add_argument("--threads", type=int, default=1, help="worker threads per server (default 1)")
-    for name, help in (("down", "stop the cluster's servers"), ("status", "show the cluster's servers")):
+    for name, help in (
+        ("down", "stop the cluster's servers"),
+        ("status", "show the cluster's servers: processes (of `cluster up`), epoch, partitions pending and copied"),
+    ):
         sp = clsub.add_parser(name, help=help)
         _common(sp, top=False)
+    for name, help in (
+        ("add", "add a running, empty server (`ramgrid serve --join MEMBERS`) and move its partitions to it"),
+        ("remove", "move every partition off a server and drop it from the cluster (stop it afterwards)"),
+    ):
+        sp = clsub.add_parser(name, help=help, description=help)
+        _common(sp, top=False)
+        sp.add_argument("addr", metavar="ADDR", help="the server's host:port")
 
     tb = add("table", "create, drop, list or describe tables")
     tbsub = tb.add_subparsers(dest="action", metavar="ACTION")
@@ -222,7 +232,7 @@ def cmd_cluster_down(args: argparse.Namespace) -> int:
         print(f"no cluster state at {state_path}; nothing to stop")
         return 0
     state = _read_state(state_path)
-    pids = [int(p) for p in state.get("pids", [])]
+    pids = [int(p) for p in [*state.get("pids", []), *state.get("left_pids", [])] if p is not None]
     live = [p for p in pids if _pid_is_server(p)]
     for p in live:
         try:
@@ -247,18 +257,90 @@ def cmd_cluster_down(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster_status(args: argparse.Namespace) -> int:
+    """The processes of `cluster up` (if its state file is there), then each member's own view (CLUSTER_STATUS) of
+    the cluster named by --spec etc. (or that state file)."""
+    state_path = _state_dir(args) / STATE_FILE
+    have_state = state_path.is_file()
+    ok = True
+    if have_state:
+        state = _read_state(state_path)
+        for pid, addr in zip(state.get("pids", []), state.get("addresses", [])):
+            if pid is None:  # added with `cluster add`: not started by `cluster up`
+                continue
+            alive = _pid_is_server(int(pid))
+            reach = alive and _reachable(addr)
+            ok = ok and reach
+            print(f"{addr}\tpid {pid}\t{'up' if reach else 'running, not answering' if alive else 'down'}")
+    try:
+        grid = _grid(args)
+    except CliError:
+        if not have_state:
+            print(f"no cluster state at {state_path}")
+            return 1
+        raise
+    try:
+        statuses = grid.status()
+    except RamgridError as e:
+        print(f"cluster status unavailable: {type(e).__name__}: {e}")
+        return 1
+    finally:
+        grid.close()
+    for s in statuses:
+        if not s.get("ok"):
+            ok = False
+            print(f"{s['server']}\tunreachable: {s.get('error')}")
+            continue
+        moving = f"\tmoving to {s['next']}" if s.get("next") else ""
+        print(
+            f"{s['server']}\tepoch {int(s.get('epoch', 0)):016x}\tpending partitions {s.get('pending_partitions')}"
+            f"\tcopied {s.get('copied_partitions')} partitions, {s.get('copied_bytes')} bytes{moving}"
+        )
+    return 0 if ok else 1
+
+
+def _update_state_addresses(args: argparse.Namespace, to: Sequence[str]) -> None:
+    """After a move of the `cluster up` cluster, its state and spec file list the new members, so later commands
+    (and `cluster status`) address them; a server added by hand has no pid there."""
+    if args.spec is not None or os.environ.get(ENV_SPEC):
+        return
     state_path = _state_dir(args) / STATE_FILE
     if not state_path.is_file():
-        print(f"no cluster state at {state_path}")
-        return 1
+        return
     state = _read_state(state_path)
-    ok = True
-    for pid, addr in zip(state.get("pids", []), state.get("addresses", [])):
-        alive = _pid_is_server(int(pid))
-        reach = alive and _reachable(addr)
-        ok = ok and reach
-        print(f"{addr}\tpid {pid}\t{'up' if reach else 'running, not answering' if alive else 'down'}")
-    return 0 if ok else 1
+    pid_of = dict(zip(state.get("addresses", []), state.get("pids", [])))
+    # In spec order, which is the partition map's; None where this command did not start the server.
+    state["addresses"] = list(to)
+    state["pids"] = [pid_of.get(a) for a in to]
+    # Servers of `cluster up` that left the cluster still run until `cluster down` (or the user) stops them.
+    state["left_pids"] = list(state.get("left_pids", [])) + [p for a, p in pid_of.items() if a not in to and p]
+    spec_file = Path(state.get("spec_file", ""))
+    if spec_file.name == SPEC_FILE:
+        spec_file.write_text("".join(a + "\n" for a in to))
+    tmp = state_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(state_path)
+
+
+def cmd_cluster_move(args: argparse.Namespace) -> int:
+    """`cluster add ADDR` / `cluster remove ADDR`: one move, its report printed."""
+    grid = _grid(args)
+    try:
+        if args.action == "add":
+            report = grid.add_server(args.addr)
+        else:
+            report = grid.remove_server(args.addr)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    finally:
+        grid.close()
+    _update_state_addresses(args, report["to"])
+    verb = "added" if args.action == "add" else "removed"
+    print(
+        f"{verb} {args.addr}: {report['partitions_copied']} partitions ({report['bytes_copied']} bytes) copied "
+        f"in {report['seconds']:.2f} s"
+    )
+    print(f"servers: {','.join(report['to'])}")
+    return 0
 
 
 # tables and keys
@@ -405,6 +487,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("cluster", "up"): cmd_cluster_up,
         ("cluster", "down"): cmd_cluster_down,
         ("cluster", "status"): cmd_cluster_status,
+        ("cluster", "add"): cmd_cluster_move,
+        ("cluster", "remove"): cmd_cluster_move,
     }
     action = str(getattr(args, "action", ""))
     if (args.command, action) in handlers:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Union, cast
 
@@ -138,6 +138,14 @@ def client_for(config: GridConfig) -> Any:
     return c
 
 
+def _existing_client(config: GridConfig) -> Any:
+    """This process's client for `config` if one was made, else None (creates nothing)."""
+    reg = _registry
+    if reg.pid != os.getpid():
+        return None
+    return reg.clients.get(config)
+
+
 def release_client(config: GridConfig) -> None:
     """Closes this process's client for `config`; handles using it reconnect on their next call."""
     reg = _registry
@@ -179,17 +187,25 @@ class Grid:
 
     @property
     def servers(self) -> list[str]:
-        """The cluster spec: server addresses in partition-map order."""
+        """The cluster spec: server addresses in partition-map order. After a move (`add_server`,
+        `remove_server`, or one this process's client learned of from the servers) this is the spec the client
+        works under, not the list the handle was created with."""
+        c = _existing_client(self._config)
+        if c is not None:
+            return list(c.servers())
         return list(self._config.servers)
 
     def _client(self) -> Any:
         return client_for(self._config)
 
     def __reduce__(self) -> Any:
-        return (Grid, (self._config,))
+        # The live spec travels, so a handle unpickled after a move does not start from servers that left.
+        servers = tuple(self.servers)
+        config = self._config if servers == self._config.servers else replace(self._config, servers=servers)
+        return (Grid, (config,))
 
     def __repr__(self) -> str:
-        return f"Grid({list(self._config.servers)!r})"
+        return f"Grid({self.servers!r})"
 
     def __enter__(self) -> Self:
         return self
@@ -231,12 +247,15 @@ class Grid:
         vt, d = _parse_value_type(value_type, dim)
         if partitions < 1 or replication < 1:
             raise ValueError("partitions and replication must be >= 1")
-        if replication > len(self._config.servers):
-            raise ValueError(f"replication {replication} exceeds the number of servers ({len(self._config.servers)})")
+        client = self._client()
+        # The client's spec, not the handle's list: servers may have been added or removed since.
+        servers = len(client.servers())
+        if replication > servers:
+            raise ValueError(f"replication {replication} exceeds the number of servers ({servers})")
         from ramgrid.exceptions import TableExists
 
         try:
-            self._client().create_table(
+            client.create_table(
                 name, partitions=partitions, replication=replication, value_type=vt, dim=d, durability=durability
             )
         except TableExists:
@@ -263,6 +282,35 @@ class Grid:
     def epoch(self) -> int:
         """The partition-map epoch this process's client works under."""
         return int(self._client().epoch())
+
+    # membership
+
+    def add_server(self, addr: str) -> dict[str, Any]:
+        """Adds the server at `addr` ("host:port": running, started empty, best with `--join` of the members) to
+        the cluster and moves to it the partitions it now holds. Reads and writes keep working during the move:
+        the partitions are copied from their current holders first, and the new spec takes effect on every
+        server only when every copy is done. Blocks until then (at most 10 minutes).
+
+        Returns the move report: {"from": [...], "to": [...], "partitions_copied": int, "bytes_copied": int,
+        "seconds": float}. Raises ValueError if `addr` is a member already or another move is in progress, and
+        the usual connection errors if a server of either end cannot be reached (a move refused at the start is
+        undone; one that fails later is resumed by asking for the same move again)."""
+        return dict(self._client().add_server(str(addr)))
+
+    def remove_server(self, addr: str) -> dict[str, Any]:
+        """Moves every partition off the server at `addr` to the servers that hold it next, then drops `addr` from
+        the spec; the server can be stopped afterwards. Returns the move report, as `add_server`. Raises
+        ValueError if `addr` is not a member, or is the last one."""
+        return dict(self._client().remove_server(str(addr)))
+
+    def status(self) -> list[dict[str, Any]]:
+        """Each server's view of the cluster (CLUSTER_STATUS), in spec order (both ends of a move in progress):
+        {"server": address, "ok": bool, "error": str | None, "server_id", "epoch": int, "servers": str,
+        "pending_partitions": int (partitions not yet copied in, refused to readers meanwhile),
+        "pending_versions", "catalog_learned", "copied_partitions", "copied_bytes", "copy_failures", ...}.
+        A server that cannot be reached has "ok" False and "error" saying why. A restarted server has finished
+        repairing when its "pending_partitions" is 0 and "catalog_learned" is 1."""
+        return list(self._client().cluster_status())
 
 
 def _first_missing_key(keys: NativeKeys, found: np.ndarray) -> tuple[list[int], int, Any]:

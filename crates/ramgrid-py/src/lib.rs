@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 use ramgrid_client::{
     parse_type, type_name, Ack, Client as RustClient, ClientConfig, Durability, Error, ErrorKind,
-    Keys, TableDescription, ValueType, Values, ValuesRef,
+    Keys, MoveReport, TableDescription, ValueType, Values, ValuesRef,
 };
 
 create_exception!(
@@ -299,6 +299,16 @@ fn description_dict<'py>(py: Python<'py>, d: &TableDescription) -> PyResult<Boun
     out.set_item("versions", versions)?;
     out.set_item("unreachable", d.unreachable.clone())?;
     Ok(out)
+}
+
+fn move_report_dict<'py>(py: Python<'py>, r: &MoveReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("from", r.from.clone())?;
+    d.set_item("to", r.to.clone())?;
+    d.set_item("partitions_copied", r.partitions_copied)?;
+    d.set_item("bytes_copied", r.bytes_copied)?;
+    d.set_item("seconds", r.seconds)?;
+    Ok(d)
 }
 
 /// A cluster client (see `ramgrid_client::Client`). Thread-safe; pickled by the Python layer as its
@@ -615,6 +625,62 @@ impl Client {
                     }
                 }
                 Err(e) => d.set_item("error", e.to_string())?,
+            }
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+
+    /// Adds the running, empty server at `addr` and moves to it the partitions it gets (see
+    /// `ramgrid_client::membership`); returns the move report as a dict.
+    fn add_server<'py>(&self, py: Python<'py>, addr: &str) -> PyResult<Bound<'py, PyDict>> {
+        let report = py
+            .allow_threads(|| self.inner.add_server(addr))
+            .map_err(|e| to_py(py, e))?;
+        move_report_dict(py, &report)
+    }
+
+    /// Moves every partition off the server at `addr` and drops it from the spec; returns the
+    /// move report as a dict.
+    fn remove_server<'py>(&self, py: Python<'py>, addr: &str) -> PyResult<Bound<'py, PyDict>> {
+        let report = py
+            .allow_threads(|| self.inner.remove_server(addr))
+            .map_err(|e| to_py(py, e))?;
+        move_report_dict(py, &report)
+    }
+
+    /// CLUSTER_STATUS of every server of the spec (both ends of a move in progress), in order:
+    /// {"server": addr, "ok": bool, "error": str | None, <key>: value...}.
+    fn cluster_status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let statuses = py.allow_threads(|| self.inner.cluster_status());
+        let out = PyList::empty(py);
+        for (addr, r) in statuses {
+            let d = PyDict::new(py);
+            d.set_item("server", addr)?;
+            match r {
+                Ok(pairs) => {
+                    d.set_item("ok", true)?;
+                    d.set_item("error", py.None())?;
+                    for (k, v) in pairs {
+                        match k.as_str() {
+                            // The server's own id; "server" is the address it was asked at.
+                            "server" => d.set_item("server_id", v)?,
+                            // Hex, and all digits often enough to pass for a decimal.
+                            "epoch" => match u64::from_str_radix(&v, 16) {
+                                Ok(e) => d.set_item(k, e)?,
+                                Err(_) => d.set_item(k, v)?,
+                            },
+                            _ => match v.parse::<i64>() {
+                                Ok(i) => d.set_item(k, i)?,
+                                Err(_) => d.set_item(k, v)?,
+                            },
+                        }
+                    }
+                }
+                Err(e) => {
+                    d.set_item("ok", false)?;
+                    d.set_item("error", e.to_string())?;
+                }
             }
             out.append(d)?;
         }
