@@ -13,6 +13,7 @@ pub mod native;
 pub mod persist;
 pub mod server;
 pub mod stats;
+pub mod wal;
 
 pub use config::Config;
 pub use server::{start, ServerHandle};

@@ -10,6 +10,7 @@
 //!    that same number, so a switch that lands mid-frame cannot mix versions in one reply.
 //! 4. A frame that does not parse closes the connection; the server and other connections go on.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::RwLock;
@@ -30,6 +31,7 @@ use crate::auth;
 use crate::buffers::ConnMemory;
 use crate::conn::{flush, read_or_stop, OUT_BASE};
 use crate::stats::WorkerStats;
+use crate::wal::{self, Log};
 
 /// Flush replies mid-batch once this much is pending.
 const OUT_HIGH_WATER: usize = 1 << 20;
@@ -106,6 +108,45 @@ impl NativeState {
     fn epoch(&self) -> u64 {
         self.cluster.read().as_ref().map_or(0, |c| c.epoch)
     }
+
+    /// The write-ahead log a write to `tv` must go through (log tables on a server with a data
+    /// directory); a failed log refuses the write before anything is applied.
+    fn log_of(&self, tv: &TableVersion) -> Result<Option<Arc<Log>>, ErrorReply> {
+        match &self.persist {
+            Some(p) => p.log_of(tv).map_err(disk_refusal),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Wait until a write's log records are on disk (wal.rs, group commit); it is acknowledged only
+/// then. The write was applied in memory already (apply-then-log, ARCHITECTURE.md).
+fn commit(log: Option<&Log>, ticket: u64) -> Result<(), ErrorReply> {
+    match log {
+        Some(log) => log.commit(ticket).map_err(disk_refusal),
+        None => Ok(()),
+    }
+}
+
+/// The pairs of a PUT group that the store accepted, as log ops.
+fn wal_puts<'a>(
+    pairs: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+    status: &'a [u8],
+) -> impl Iterator<Item = wal::Op<'a>> {
+    pairs
+        .zip(status)
+        .filter(|(_, &s)| s == StoreKeyStatus::Ok as u8)
+        .map(|((k, v), _)| wal::Op::Put(k, v))
+}
+
+/// The keys of a DELETE group that were removed (a missing key changes nothing), as log ops.
+fn wal_deletes<'a>(
+    keys: impl Iterator<Item = &'a [u8]>,
+    status: &'a [u8],
+) -> impl Iterator<Item = wal::Op<'a>> {
+    keys.zip(status)
+        .filter(|(_, &s)| s == StoreKeyStatus::Ok as u8)
+        .map(|(k, _)| wal::Op::Delete(k))
 }
 
 /// The partitions of `table` this server holds under `cluster` (all of them without a spec).
@@ -419,6 +460,7 @@ impl Conn {
                     durability: match c.durability {
                         wire::Durability::Memory => tables::Durability::Memory,
                         wire::Durability::Snapshot => tables::Durability::Snapshot,
+                        wire::Durability::Log => tables::Durability::Log,
                     },
                     incarnation: c.incarnation,
                 };
@@ -484,8 +526,12 @@ impl Conn {
                 if let (Request::DropVersion(_), Some(p)) = (req, &state.persist) {
                     p.drop_version(&state.tables, v.table, n)
                         .map_err(disk_refusal)?;
-                } else {
-                    state.sync_catalog(v.table)?;
+                } else if let Err(e) = state.sync_catalog(v.table) {
+                    if let Request::CreateVersion(_) = req {
+                        // Not durable, so not created (its number stays used).
+                        let _ = state.tables.drop_version(v.table, n, true);
+                    }
+                    return Err(e);
                 }
                 done(out, Response::Done)
             }
@@ -559,6 +605,7 @@ impl Conn {
                 )?;
                 let vt = tv.value_type();
                 let type_ok = store_value_type(p.value_type) == vt;
+                let (log, mut ticket) = (state.log_of(&tv)?, 0);
                 self.status.clear();
                 for g in p.groups.iter() {
                     if !type_ok {
@@ -569,9 +616,14 @@ impl Conn {
                         continue;
                     }
                     let items = g.keys.zip(g.values).map(|(k, v)| (k, value_ref(vt, v)));
-                    tv.put_batch(g.partition, items, &mut self.status)
-                        .map_err(|e| refusal(&e))?;
+                    tv.put_batch_then(g.partition, items, &mut self.status, |st| {
+                        if let Some(log) = &log {
+                            ticket = log.append(g.partition, wal_puts(g.keys.zip(g.values), st));
+                        }
+                    })
+                    .map_err(|e| refusal(&e))?;
                 }
+                commit(log.as_deref(), ticket)?;
                 self.write_statuses(out, Opcode::Put, id)
             }
             Request::Delete(b) => {
@@ -583,11 +635,17 @@ impl Conn {
                     b.incarnation,
                     b.groups.iter().map(|g| g.partition),
                 )?;
+                let (log, mut ticket) = (state.log_of(&tv)?, 0);
                 self.status.clear();
                 for g in b.groups.iter() {
-                    tv.delete_batch(g.partition, g.keys, &mut self.status)
-                        .map_err(|e| refusal(&e))?;
+                    tv.delete_batch_then(g.partition, g.keys, &mut self.status, |st| {
+                        if let Some(log) = &log {
+                            ticket = log.append(g.partition, wal_deletes(g.keys, st));
+                        }
+                    })
+                    .map_err(|e| refusal(&e))?;
                 }
+                commit(log.as_deref(), ticket)?;
                 self.write_statuses(out, Opcode::Delete, id)
             }
         }
@@ -604,7 +662,7 @@ impl Conn {
 }
 
 /// Decodes one wire value (already validated by the codec) into the store's view.
-fn value_ref(vt: ValueType, v: &[u8]) -> ValueRef<'_> {
+pub(crate) fn value_ref(vt: ValueType, v: &[u8]) -> ValueRef<'_> {
     let eight = |v: &[u8]| -> [u8; 8] { v.try_into().unwrap_or_default() };
     match vt {
         ValueType::I64 => ValueRef::I64(i64::from_le_bytes(eight(v))),
@@ -676,6 +734,7 @@ fn table_info(info: tables::TableInfo) -> wire::TableInfo {
         durability: match info.spec.durability {
             tables::Durability::Memory => wire::Durability::Memory,
             tables::Durability::Snapshot => wire::Durability::Snapshot,
+            tables::Durability::Log => wire::Durability::Log,
         },
         incarnation: info.spec.incarnation,
         current_version: info.current,
