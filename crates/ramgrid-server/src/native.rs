@@ -119,15 +119,6 @@ impl NativeState {
     }
 }
 
-/// Wait until a write's log records are on disk (wal.rs, group commit); it is acknowledged only
-/// then. The write was applied in memory already (apply-then-log, ARCHITECTURE.md).
-fn commit(log: Option<&Log>, ticket: u64) -> Result<(), ErrorReply> {
-    match log {
-        Some(log) => log.commit(ticket).map_err(disk_refusal),
-        None => Ok(()),
-    }
-}
-
 /// The pairs of a PUT group that the store accepted, as log ops.
 fn wal_puts<'a>(
     pairs: impl Iterator<Item = (&'a [u8], &'a [u8])>,
@@ -179,6 +170,7 @@ pub async fn serve(
     let mut conn = Conn {
         authed: state.token.is_none(),
         status: Vec::new(),
+        commit: None,
     };
     let mut out = Vec::with_capacity(READ_CHUNK);
     let mut start = 0usize;
@@ -210,7 +202,18 @@ pub async fn serve(
                         }
                         _ => state.max_body,
                     };
+                    let before = out.len();
                     conn.handle(state, frame.opcode, frame.request_id, &req, &mut out, room);
+                    // A write to a log table is answered only once its log records are on disk
+                    // (wal.rs); the wait lets this worker's other connections go on.
+                    if let Some((log, ticket)) = conn.commit.take() {
+                        if let Err(e) = log.commit_async(ticket).await {
+                            out.truncate(before);
+                            let e = disk_refusal(e);
+                            let _ =
+                                wire::encode_error(&mut out, frame.opcode, frame.request_id, &e);
+                        }
+                    }
                     mem.settle_reply(out.capacity().saturating_sub(OUT_BASE));
                     start += used;
                     if out.len() >= OUT_HIGH_WATER
@@ -287,10 +290,12 @@ pub async fn serve(
     }
 }
 
-/// Per-connection state: whether HELLO authenticated it, and scratch buffers reused across frames.
+/// Per-connection state: whether HELLO authenticated it, scratch buffers reused across frames,
+/// and the log commit the request just handled must wait for before it is answered.
 struct Conn {
     authed: bool,
     status: Vec<u8>,
+    commit: Option<(Arc<Log>, u64)>,
 }
 
 fn store_value_type(vt: wire::ValueType) -> ValueType {
@@ -623,7 +628,7 @@ impl Conn {
                     })
                     .map_err(|e| refusal(&e))?;
                 }
-                commit(log.as_deref(), ticket)?;
+                self.commit = log.map(|log| (log, ticket));
                 self.write_statuses(out, Opcode::Put, id)
             }
             Request::Delete(b) => {
@@ -645,7 +650,7 @@ impl Conn {
                     })
                     .map_err(|e| refusal(&e))?;
                 }
-                commit(log.as_deref(), ticket)?;
+                self.commit = log.map(|log| (log, ticket));
                 self.write_statuses(out, Opcode::Delete, id)
             }
         }

@@ -41,13 +41,14 @@
 //!
 //! A writer appends its records to the log's pending buffer *while it still holds the partition's
 //! write lock* (`TableVersion::put_batch_then`), so the log's order is the order in which writes
-//! were applied, then calls [`Log::commit`]. The first committer with nothing in flight becomes
-//! the leader: it takes the whole pending buffer (its own records and whatever other workers
-//! appended meanwhile), writes it with one `write`, calls `fdatasync` once, and wakes every
-//! waiter whose records it covered; writers that arrive while it syncs wait for it and then one
-//! of them leads the next group. There is no log thread: the leader is whichever worker got there
-//! first, and the wait blocks that worker's thread (and so the other connections of that worker)
-//! for the length of one or two fsyncs.
+//! were applied; the reply is composed, and the connection then awaits [`Log::commit_async`]
+//! before anything of it is sent. The first committer with no fsync in flight leads: on the
+//! runtime's blocking pool it takes the whole pending buffer (its own records and whatever other
+//! connections, on this worker or others, appended meanwhile), writes it with one `write`, calls
+//! `fdatasync` once, and wakes every committer it covered; committers that arrive while it syncs
+//! wait (without blocking their worker thread, whose other connections go on and append to the
+//! next group), and one of them leads the next group. There is no log thread of its own.
+//! [`Log::commit`] is the same for a plain thread (blocking).
 //!
 //! A write or fsync that fails poisons the log: every request waiting on it and every later write
 //! to the version is refused (`INTERNAL "data directory: ..."`) until the server restarts. After a
@@ -58,6 +59,7 @@ use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
@@ -75,6 +77,25 @@ pub const RECORD_HEADER_LEN: usize = 16;
 pub const RECORD_MIN_BODY: usize = 12;
 /// The largest body: a request frame is at most 4 GiB, and so is what it logs.
 pub const RECORD_MAX_BODY: usize = u32::MAX as usize;
+
+/// Process-wide counters of every log, for `stats` (`log_commits / log_syncs` is how many writes
+/// one fsync made durable: the group commit's effect).
+#[derive(Debug, Default)]
+pub struct LogStats {
+    /// Writes that waited for their log records to be durable.
+    pub commits: AtomicU64,
+    /// `fdatasync` calls (each made one group durable).
+    pub syncs: AtomicU64,
+    /// Bytes written to logs (records; headers not counted).
+    pub bytes: AtomicU64,
+}
+
+/// The counters of all logs of this process.
+pub static STATS: LogStats = LogStats {
+    commits: AtomicU64::new(0),
+    syncs: AtomicU64::new(0),
+    bytes: AtomicU64::new(0),
+};
 
 const OP_PUT: u8 = 1;
 const OP_DELETE: u8 = 2;
@@ -353,7 +374,10 @@ pub struct Log {
     version: u32,
     pending: Mutex<Pending>,
     state: Mutex<SyncState>,
+    /// Wakes blocked committers ([`Log::commit`]).
     synced: Condvar,
+    /// Wakes committing tasks ([`Log::commit_async`]).
+    notify: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -394,6 +418,7 @@ impl Log {
                 syncs: 0,
             }),
             synced: Condvar::new(),
+            notify: tokio::sync::Notify::new(),
         }
     }
 
@@ -460,23 +485,68 @@ impl Log {
     }
 
     /// Return once every byte appended up to `ticket` is on disk (group commit, module docs),
-    /// or with the error that stopped it.
+    /// or with the error that stopped it. Blocks the calling thread; a worker uses
+    /// [`Log::commit_async`].
     pub fn commit(&self, ticket: u64) -> Result<(), String> {
+        STATS.commits.fetch_add(1, Ordering::Relaxed);
         let mut s = self.state.lock();
         loop {
-            if s.durable >= ticket {
-                return Ok(());
-            }
-            if let Some(e) = &s.failed {
-                return Err(e.clone());
+            if let Some(done) = Self::outcome(&s, ticket) {
+                return done;
             }
             if !s.syncing {
-                break;
+                s.syncing = true;
+                drop(s);
+                self.lead();
+                s = self.state.lock();
+                continue;
             }
             self.synced.wait(&mut s);
         }
-        // Lead one group: everything pending now, whoever appended it.
-        s.syncing = true;
+    }
+
+    /// [`Log::commit`] for a worker's task: waiting does not block the worker thread (its other
+    /// connections go on, and their writes join the next group), and the leader's write and
+    /// fsync run on the runtime's blocking pool.
+    pub async fn commit_async(self: &Arc<Self>, ticket: u64) -> Result<(), String> {
+        STATS.commits.fetch_add(1, Ordering::Relaxed);
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            // Registered before the state is looked at, so a group that ends in between wakes it.
+            notified.as_mut().enable();
+            let lead = {
+                let mut s = self.state.lock();
+                if let Some(done) = Self::outcome(&s, ticket) {
+                    return done;
+                }
+                !std::mem::replace(&mut s.syncing, true)
+            };
+            if lead {
+                let me = self.clone();
+                if let Err(e) = tokio::task::spawn_blocking(move || me.lead()).await {
+                    return Err(format!("log writer of {}: {e}", self.path.display()));
+                }
+            } else {
+                notified.await;
+            }
+        }
+    }
+
+    /// `Some` once `ticket` is durable, or can never be.
+    fn outcome(s: &SyncState, ticket: u64) -> Option<Result<(), String>> {
+        if s.durable >= ticket {
+            Some(Ok(()))
+        } else {
+            s.failed.clone().map(Err)
+        }
+    }
+
+    /// Write and fsync one group: everything pending now, whoever appended it. The caller set
+    /// `syncing`; every waiter is woken at the end.
+    fn lead(&self) {
+        let mut s = self.state.lock();
+        debug_assert!(s.syncing);
         let mut file = s.file.take().expect("only the leader takes the file");
         let mut buf = std::mem::take(&mut s.spare);
         let len = s.len;
@@ -487,6 +557,8 @@ impl Log {
             p.appended
         };
         let r = file.write_all(&buf).and_then(|()| file.sync_data());
+        STATS.syncs.fetch_add(1, Ordering::Relaxed);
+        STATS.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         let mut s = self.state.lock();
         match r {
             Ok(()) => {
@@ -505,12 +577,9 @@ impl Log {
         s.syncs += 1;
         s.file = Some(file);
         s.syncing = false;
+        drop(s);
         self.synced.notify_all();
-        if s.durable >= ticket {
-            Ok(())
-        } else {
-            Err(s.failed.clone().unwrap_or_default())
-        }
+        self.notify.notify_waiters();
     }
 }
 
@@ -587,7 +656,7 @@ impl Logs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::AtomicU32;
 
     fn temp_dir(tag: &str) -> PathBuf {
         static N: AtomicU32 = AtomicU32::new(0);
@@ -774,6 +843,46 @@ mod tests {
         let s = scan(&again, 2, 9);
         assert_eq!(s.end, End::Clean);
         assert_eq!(s.records.len(), (threads * per) as usize + 1);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Tasks of one single-threaded runtime (one worker's connections) waiting for their commits
+    /// do not block each other: their records join one group.
+    #[test]
+    fn async_committers_on_one_worker_thread_share_fsyncs() {
+        let dir = temp_dir("async");
+        let path = dir.join("v3.log");
+        let log = Arc::new(Log::create(&path, 3, 4).unwrap());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (tasks, per) = (16u32, 20u32);
+        rt.block_on(async {
+            let mut handles = Vec::new();
+            for t in 0..tasks {
+                let log = log.clone();
+                handles.push(tokio::spawn(async move {
+                    for i in 0..per {
+                        let k = format!("{t}-{i}");
+                        let ticket = log.append(t, [Op::Delete(k.as_bytes())].into_iter());
+                        log.commit_async(ticket).await.unwrap();
+                    }
+                }));
+            }
+            for h in handles {
+                h.await.unwrap();
+            }
+        });
+        let commits = u64::from(tasks * per);
+        let syncs = log.syncs();
+        assert!(
+            syncs * 4 <= commits,
+            "{commits} commits took {syncs} fsyncs"
+        );
+        let bytes = fs::read(&path).unwrap();
+        let s = scan(&bytes, 3, 4);
+        assert_eq!((s.end, s.records.len() as u64), (End::Clean, commits));
         fs::remove_dir_all(&dir).unwrap();
     }
 
