@@ -158,6 +158,9 @@ def test_acknowledged_writes_survive_sigkill_of_every_replica(tmp_path: Path) ->
             th.join(timeout=30)
         g.close()
         assert sum(len(a) for a in acked) >= 10_000, "too few writes acknowledged to test anything"
+        print(
+            f"acked {sum(len(a) for a in acked)} keys, deleted {sum(len(d) for d in deleted)}, in doubt {sum(len(u) for u in unknown)}"
+        )
 
         all_keys = np.concatenate(acked)
         gone = np.concatenate(deleted) if deleted else np.array([], dtype=np.int64)
@@ -206,6 +209,8 @@ def test_a_full_disk_refuses_the_write_and_acknowledged_ones_survive(tmp_path: P
         c.start(0, fsize_limit=1 << 20)
         g = grid(c)
         t = g.create_table("full", partitions=4, value_type="bytes", durability="log")
+        with pytest.raises(ValueError, match='"log"'):
+            g.create_table("bad", durability="disk")
         acked: list[int] = []
         refused = None
         for n in range(200):
