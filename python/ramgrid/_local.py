@@ -275,8 +275,9 @@ class LocalGrid(Grid):
 
     def restart(self, i: int) -> None:
         """Kills server `i` (SIGKILL) and starts a new one on its address with the same flags: empty, unless the
-        grid has a `data_dir`, from which it loads the sealed versions of `durability="snapshot"` tables. The
-        clients give it the spec when they next reach it. For failure tests and demos."""
+        grid has a `data_dir`, from which it loads the sealed versions of `durability="snapshot"` and `"log"` tables
+        and replays the logged writes of `"log"` tables. The clients give it the spec when they next reach it. For
+        failure tests and demos."""
         if not self._finalizer.alive:
             raise RamgridError("this local grid is closed")
         self.kill(i)
@@ -326,7 +327,8 @@ def local(
     `memory` is each server's table memory (e.g. "256MiB"); `threads` its worker threads; `token`, if given, is
     required from clients (the returned handle presents it). Other keyword options: timeout, ack,
     near_cache_bytes, start_timeout, extra_args (more ramgrid-server flags), data_dir (server i keeps the
-    snapshots of `durability="snapshot"` tables in `data_dir/server-i`, so `restart(i)` brings them back). Use it
+    snapshots of `durability="snapshot"` tables, and the snapshots and logs of `"log"` tables, in
+    `data_dir/server-i`, so `restart(i)` brings them back). Use it
     as a context manager, or call `close()`; it is also cleaned up at exit.
     """
     return LocalGrid(servers, memory, threads, token, **options)
