@@ -283,8 +283,8 @@ class LocalGrid(Grid):
         """Kills server `i` (SIGKILL) and starts a new one on its address with the same flags, plus `--join` of the
         other members: it learns the spec and the tables from them and copies its partitions from their replicas
         before serving them (reads of a partition still being copied go to another replica meanwhile). It starts
-        empty, unless the grid has a `data_dir`, from which it loads the sealed versions of `durability="snapshot"`
-        tables first. Returns once it listens; `wait_repaired()` waits for the repair. For failure tests and
+        empty, unless the grid has a `data_dir`, from which it first loads the sealed versions of
+        `durability="snapshot"` and `"log"` tables and replays the logged writes of `"log"` tables. Returns once it listens; `wait_repaired()` waits for the repair. For failure tests and
         demos."""
         self._check_open()
         self.kill(i)
@@ -397,8 +397,9 @@ def local(
     `memory` is each server's table memory (e.g. "256MiB"); `threads` its worker threads; `token`, if given, is
     required from clients (the returned handle presents it). Other keyword options: timeout, ack,
     near_cache_bytes, start_timeout, extra_args (more ramgrid-server flags), data_dir (server i keeps the
-    snapshots of `durability="snapshot"` tables in `data_dir/server-i`, so `restart(i)` brings them back). Use it
-    as a context manager, or call `close()`; it is also cleaned up at exit. `add_server()`, `remove_server(i)`
-    and `restart(i)` grow, shrink and repair it under a running job.
+    snapshots of `durability="snapshot"` tables, and the snapshots and logs of `"log"` tables, in
+    `data_dir/server-i`, so `restart(i)` brings them back). Use it as a context manager, or call `close()`; it
+    is also cleaned up at exit. `add_server()`, `remove_server(i)` and `restart(i)` grow, shrink and repair it
+    under a running job.
     """
     return LocalGrid(servers, memory, threads, token, **options)

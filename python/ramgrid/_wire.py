@@ -218,7 +218,7 @@ def parse_frame(buf: bytes, max_body: int) -> tuple[str, bool, int, bytes, int]:
 # -- bodies -------------------------------------------------------------------------------------
 
 
-DURABILITIES = ("memory", "snapshot")
+DURABILITIES = ("memory", "snapshot", "log")
 
 
 def _durability(r: _Reader) -> str:

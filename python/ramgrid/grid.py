@@ -240,8 +240,9 @@ class Grid:
         `value_type`: "bytes", "i64", "f64", or ("f32vec", dim) for fixed-length float32 vectors. The new table has
         an open version 1 that is current, so plain `put_many` writes to it; use `Table.new_version()` to load later
         versions atomically. With `exist_ok`, an existing table of that name is returned as is. `durability`:
-        "memory" (a server restart loses it) or "snapshot" (servers started with `--data-dir` write each sealed
-        version to disk and load it at restart). Each created table gets a new incarnation id, so a table created
+        "memory" (a server restart loses it), "snapshot" (servers started with `--data-dir` write each sealed
+        version to disk and load it at restart) or "log" (as "snapshot", and every write to an open version is also
+        appended to a write-ahead log, fsynced before it is acknowledged, and replayed at restart). Each created table gets a new incarnation id, so a table created
         again under the same name is a different table to every client.
         """
         vt, d = _parse_value_type(value_type, dim)

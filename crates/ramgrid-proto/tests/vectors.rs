@@ -133,6 +133,7 @@ fn durability_from_json(d: &Value) -> Durability {
     match s(d) {
         "memory" => Durability::Memory,
         "snapshot" => Durability::Snapshot,
+        "log" => Durability::Log,
         other => panic!("unknown durability {other:?}"),
     }
 }
@@ -141,6 +142,7 @@ fn durability_to_json(d: Durability) -> Value {
     json!(match d {
         Durability::Memory => "memory",
         Durability::Snapshot => "snapshot",
+        Durability::Log => "log",
     })
 }
 

@@ -285,6 +285,7 @@ fn description_dict<'py>(py: Python<'py>, d: &TableDescription) -> PyResult<Boun
         match d.durability {
             Durability::Memory => "memory",
             Durability::Snapshot => "snapshot",
+            Durability::Log => "log",
         },
     )?;
     let versions = PyList::empty(py);
@@ -388,9 +389,10 @@ impl Client {
         let durability = match durability {
             "memory" => Durability::Memory,
             "snapshot" => Durability::Snapshot,
+            "log" => Durability::Log,
             other => {
                 return Err(PyValueError::new_err(format!(
-                    "durability must be \"memory\" or \"snapshot\", not {other:?}"
+                    "durability must be \"memory\", \"snapshot\" or \"log\", not {other:?}"
                 )))
             }
         };

@@ -400,6 +400,10 @@ fn general_stats(shared: &Shared, out: &mut Vec<u8>) {
     u(out, "evictions", cache.evictions);
     u(out, "reclaimed", cache.expired);
     u(out, "crawler_reclaimed", cache.reclaimed);
+    let log = &crate::wal::STATS;
+    u(out, "log_commits", load(&log.commits));
+    u(out, "log_syncs", load(&log.syncs));
+    u(out, "log_bytes", load(&log.bytes));
 }
 
 fn settings_stats(shared: &Shared, out: &mut Vec<u8>) {

@@ -17,6 +17,7 @@ pub mod persist;
 pub mod repair;
 pub mod server;
 pub mod stats;
+pub mod wal;
 
 pub use config::Config;
 pub use server::{start, ServerHandle};

@@ -10,6 +10,7 @@
 //!    that same number, so a switch that lands mid-frame cannot mix versions in one reply.
 //! 4. A frame that does not parse closes the connection; the server and other connections go on.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::RwLock;
@@ -30,6 +31,7 @@ use crate::auth;
 use crate::buffers::ConnMemory;
 use crate::conn::{flush, read_or_stop, OUT_BASE};
 use crate::stats::WorkerStats;
+use crate::wal::{self, Log};
 
 /// Flush replies mid-batch once this much is pending.
 const OUT_HIGH_WATER: usize = 1 << 20;
@@ -77,6 +79,36 @@ impl NativeState {
     fn epoch(&self) -> u64 {
         self.cluster.read().as_ref().map_or(0, |c| c.epoch)
     }
+
+    /// The write-ahead log a write to `tv` must go through (log tables on a server with a data
+    /// directory); a failed log refuses the write before anything is applied.
+    fn log_of(&self, tv: &TableVersion) -> Result<Option<Arc<Log>>, ErrorReply> {
+        match &self.persist {
+            Some(p) => p.log_of(tv).map_err(disk_refusal),
+            None => Ok(None),
+        }
+    }
+}
+
+/// The pairs of a PUT group that the store accepted, as log ops.
+fn wal_puts<'a>(
+    pairs: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+    status: &'a [u8],
+) -> impl Iterator<Item = wal::Op<'a>> {
+    pairs
+        .zip(status)
+        .filter(|(_, &s)| s == StoreKeyStatus::Ok as u8)
+        .map(|((k, v), _)| wal::Op::Put(k, v))
+}
+
+/// The keys of a DELETE group that were removed (a missing key changes nothing), as log ops.
+fn wal_deletes<'a>(
+    keys: impl Iterator<Item = &'a [u8]>,
+    status: &'a [u8],
+) -> impl Iterator<Item = wal::Op<'a>> {
+    keys.zip(status)
+        .filter(|(_, &s)| s == StoreKeyStatus::Ok as u8)
+        .map(|(k, _)| wal::Op::Delete(k))
 }
 
 /// Serves a native-protocol connection. `buf[..end]` already holds the first bytes read. With a
@@ -96,6 +128,7 @@ pub async fn serve(
     let mut conn = Conn {
         authed: state.token.is_none(),
         status: Vec::new(),
+        commit: None,
     };
     let mut out = Vec::with_capacity(READ_CHUNK);
     let mut start = 0usize;
@@ -127,7 +160,18 @@ pub async fn serve(
                         }
                         _ => state.max_body,
                     };
+                    let before = out.len();
                     conn.handle(state, frame.opcode, frame.request_id, &req, &mut out, room);
+                    // A write to a log table is answered only once its log records are on disk
+                    // (wal.rs); the wait lets this worker's other connections go on.
+                    if let Some((log, ticket)) = conn.commit.take() {
+                        if let Err(e) = log.commit_async(ticket).await {
+                            out.truncate(before);
+                            let e = disk_refusal(e);
+                            let _ =
+                                wire::encode_error(&mut out, frame.opcode, frame.request_id, &e);
+                        }
+                    }
                     mem.settle_reply(out.capacity().saturating_sub(OUT_BASE));
                     start += used;
                     if out.len() >= OUT_HIGH_WATER
@@ -204,10 +248,12 @@ pub async fn serve(
     }
 }
 
-/// Per-connection state: whether HELLO authenticated it, and scratch buffers reused across frames.
+/// Per-connection state: whether HELLO authenticated it, scratch buffers reused across frames,
+/// and the log commit the request just handled must wait for before it is answered.
 struct Conn {
     authed: bool,
     status: Vec<u8>,
+    commit: Option<(Arc<Log>, u64)>,
 }
 
 pub(crate) fn store_value_type(vt: wire::ValueType) -> ValueType {
@@ -378,6 +424,7 @@ impl Conn {
                     durability: match c.durability {
                         wire::Durability::Memory => tables::Durability::Memory,
                         wire::Durability::Snapshot => tables::Durability::Snapshot,
+                        wire::Durability::Log => tables::Durability::Log,
                     },
                     incarnation: c.incarnation,
                 };
@@ -478,8 +525,12 @@ impl Conn {
                 if let (Request::DropVersion(_), Some(p)) = (req, &state.persist) {
                     p.drop_version(&state.tables, v.table, n)
                         .map_err(disk_refusal)?;
-                } else {
-                    state.sync_catalog(v.table)?;
+                } else if let Err(e) = state.sync_catalog(v.table) {
+                    if let Request::CreateVersion(_) = req {
+                        // Not durable, so not created (its number stays used).
+                        let _ = state.tables.drop_version(v.table, n, true);
+                    }
+                    return Err(e);
                 }
                 done(out, Response::Done)
             }
@@ -567,6 +618,7 @@ impl Conn {
                 )?;
                 let vt = tv.value_type();
                 let type_ok = store_value_type(p.value_type) == vt;
+                let (log, mut ticket) = (state.log_of(&tv)?, 0);
                 self.status.clear();
                 for g in p.groups.iter() {
                     if !type_ok {
@@ -577,9 +629,14 @@ impl Conn {
                         continue;
                     }
                     let items = g.keys.zip(g.values).map(|(k, v)| (k, value_ref(vt, v)));
-                    tv.put_batch(g.partition, items, &mut self.status)
-                        .map_err(|e| refusal(&e))?;
+                    tv.put_batch_then(g.partition, items, &mut self.status, |st| {
+                        if let Some(log) = &log {
+                            ticket = log.append(g.partition, wal_puts(g.keys.zip(g.values), st));
+                        }
+                    })
+                    .map_err(|e| refusal(&e))?;
                 }
+                self.commit = log.map(|log| (log, ticket));
                 self.write_statuses(out, Opcode::Put, id)
             }
             Request::Delete(b) => {
@@ -592,11 +649,17 @@ impl Conn {
                     b.incarnation,
                     b.groups.iter().map(|g| g.partition),
                 )?;
+                let (log, mut ticket) = (state.log_of(&tv)?, 0);
                 self.status.clear();
                 for g in b.groups.iter() {
-                    tv.delete_batch(g.partition, g.keys, &mut self.status)
-                        .map_err(|e| refusal(&e))?;
+                    tv.delete_batch_then(g.partition, g.keys, &mut self.status, |st| {
+                        if let Some(log) = &log {
+                            ticket = log.append(g.partition, wal_deletes(g.keys, st));
+                        }
+                    })
+                    .map_err(|e| refusal(&e))?;
                 }
+                self.commit = log.map(|log| (log, ticket));
                 self.write_statuses(out, Opcode::Delete, id)
             }
         }
@@ -613,7 +676,7 @@ impl Conn {
 }
 
 /// Decodes one wire value (already validated by the codec) into the store's view.
-fn value_ref(vt: ValueType, v: &[u8]) -> ValueRef<'_> {
+pub(crate) fn value_ref(vt: ValueType, v: &[u8]) -> ValueRef<'_> {
     let eight = |v: &[u8]| -> [u8; 8] { v.try_into().unwrap_or_default() };
     match vt {
         ValueType::I64 => ValueRef::I64(i64::from_le_bytes(eight(v))),
@@ -700,6 +763,7 @@ fn table_info(info: tables::TableInfo) -> wire::TableInfo {
         durability: match info.spec.durability {
             tables::Durability::Memory => wire::Durability::Memory,
             tables::Durability::Snapshot => wire::Durability::Snapshot,
+            tables::Durability::Log => wire::Durability::Log,
         },
         incarnation: info.spec.incarnation,
         current_version: info.current,

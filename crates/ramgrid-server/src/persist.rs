@@ -1,13 +1,15 @@
 //! Durable tables on a server started with `--data-dir`: every sealed version of a table created
-//! with `durability = snapshot` is written as partition images (docs/partition-image.md) before
-//! SEAL is acknowledged, a small catalog per table follows every admin change, and a restarting
-//! server loads both before it accepts connections.
+//! with `durability = snapshot` or `log` is written as partition images (docs/partition-image.md)
+//! before SEAL is acknowledged, a small catalog per table follows every admin change, and a
+//! restarting server loads both before it accepts connections. A `log` table's open versions each
+//! have a write-ahead log (wal.rs) that the restart replays after the images.
 //!
 //! Layout under the data directory (docs/ARCHITECTURE.md, "Durable tables"):
 //!
 //! ```text
 //! DIR/tables/<name>-<incarnation as 16 hex digits>/catalog      the catalog (text, below)
 //! DIR/tables/<name>-<incarnation>/v<version>/p<partition>.img  one image per held partition
+//! DIR/tables/<name>-<incarnation>/v<version>.log               log of an open version (log tables)
 //! ```
 //!
 //! `<name>` keeps `[A-Za-z0-9_-]` and writes any other byte as `%XX`, so a table name can never
@@ -20,17 +22,21 @@
 //! byte before the `sum` line:
 //!
 //! ```text
-//! ramgrid-catalog 1
+//! ramgrid-catalog 2
 //! name <encoded name>
 //! incarnation <16 hex>
 //! partitions <n>
 //! replication <n>
 //! value_type bytes | i64 | f64 | f32x<dim>
+//! durability snapshot | log
 //! high_water <n>
 //! current <n, 0 = none or an open version>
 //! sealed <v> <v> ...
 //! sum <16 hex>
 //! ```
+//!
+//! Format 1 (written before log tables existed) has no `durability` line and means snapshot; it
+//! is still read.
 //!
 //! File I/O here is blocking and runs on the worker thread that handles the admin request: admin
 //! requests are rare, and a SEAL must not be answered before its images are on disk anyway.
@@ -38,22 +44,27 @@
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
-use ramgrid_store::tables::{Durability, TableSpec, Tables, ValueType};
+use ramgrid_store::tables::{Durability, KeyStatus, TableSpec, TableVersion, Tables, ValueType};
 use ramgrid_store::Error as StoreError;
 use xxhash_rust::xxh3::xxh3_64;
+
+use crate::wal::{self, Log, Logs, Op};
 
 /// What a server with `--data-dir` keeps on disk.
 #[derive(Debug)]
 pub struct Persist {
     tables_dir: PathBuf,
+    /// The write-ahead logs of the open versions of log tables.
+    logs: Logs,
 }
 
 /// A table's catalog, as written and as read back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Catalog {
-    /// The table's spec (durability is always snapshot: only such tables have a catalog).
+    /// The table's spec (durability snapshot or log: memory tables have no catalog).
     pub spec: TableSpec,
     /// Highest version number ever created in the table.
     pub high_water: u32,
@@ -118,9 +129,13 @@ impl Catalog {
     pub fn to_text(&self) -> String {
         let s = &self.spec;
         let sealed: Vec<String> = self.sealed.iter().map(u32::to_string).collect();
+        let durability = match s.durability {
+            Durability::Log => "log",
+            _ => "snapshot",
+        };
         let body = format!(
-            "ramgrid-catalog 1\nname {}\nincarnation {:016x}\npartitions {}\nreplication {}\n\
-             value_type {}\nhigh_water {}\ncurrent {}\nsealed {}\n",
+            "ramgrid-catalog 2\nname {}\nincarnation {:016x}\npartitions {}\nreplication {}\n\
+             value_type {}\ndurability {durability}\nhigh_water {}\ncurrent {}\nsealed {}\n",
             encode_name(&s.name),
             s.incarnation,
             s.partitions,
@@ -151,8 +166,9 @@ impl Catalog {
                 .map(str::to_owned)
                 .ok_or(format!("expected {key}, found {line:?}"))
         };
-        if field("ramgrid-catalog")? != "1" {
-            return Err("unknown catalog format version".into());
+        let format = field("ramgrid-catalog")?;
+        if format != "1" && format != "2" {
+            return Err(format!("unknown catalog format version {format:?}"));
         }
         let num = |v: String, key: &str| v.parse::<u32>().map_err(|_| format!("bad {key}"));
         let name = decode_name(&field("name")?).ok_or("bad name")?;
@@ -161,6 +177,15 @@ impl Catalog {
         let partitions = num(field("partitions")?, "partitions")?;
         let replication = num(field("replication")?, "replication")?;
         let value_type = parse_value_type(&field("value_type")?).ok_or("bad value_type")?;
+        let durability = if format == "1" {
+            Durability::Snapshot
+        } else {
+            match field("durability")?.as_str() {
+                "snapshot" => Durability::Snapshot,
+                "log" => Durability::Log,
+                _ => return Err("bad durability".into()),
+            }
+        };
         let high_water = num(field("high_water")?, "high_water")?;
         let current = num(field("current")?, "current")?;
         let sealed = field("sealed")?
@@ -173,7 +198,7 @@ impl Catalog {
                 partitions,
                 replication,
                 value_type,
-                durability: Durability::Snapshot,
+                durability,
                 incarnation,
             },
             high_water,
@@ -216,6 +241,12 @@ pub struct Loaded {
     pub bytes: u64,
     /// Partitions refused (file missing or failed validation), as (version, partition).
     pub missing: Vec<(u32, u32)>,
+    /// Open versions replayed from their write-ahead logs (log tables).
+    pub replayed: Vec<u32>,
+    /// Log bytes read and records replayed.
+    pub log_bytes: u64,
+    /// Records replayed.
+    pub log_records: u64,
     /// Time to read, validate and install everything, in seconds.
     pub seconds: f64,
 }
@@ -225,7 +256,60 @@ impl Persist {
     pub fn open(dir: &Path) -> Result<Persist, String> {
         let tables_dir = dir.join("tables");
         fs::create_dir_all(&tables_dir).map_err(|e| io_msg("cannot create", &tables_dir, e))?;
-        Ok(Persist { tables_dir })
+        Ok(Persist {
+            tables_dir,
+            logs: Logs::default(),
+        })
+    }
+
+    fn log_path(&self, spec: &TableSpec, version: u32) -> PathBuf {
+        self.table_dir(spec).join(format!("v{version}.log"))
+    }
+
+    /// The write-ahead log a PUT or DELETE of `tv` must append to and commit before it is
+    /// acknowledged: `None` unless the table's durability is log; `Err` (the write is refused
+    /// before anything is applied) if the version has no log or its log has failed.
+    pub fn log_of(&self, tv: &TableVersion) -> Result<Option<Arc<Log>>, String> {
+        let spec = tv.spec();
+        if spec.durability != Durability::Log {
+            return Ok(None);
+        }
+        match self.logs.get(&spec.name, spec.incarnation, tv.version()) {
+            Some(log) => log.check().map(|()| Some(log)),
+            None => Err(format!(
+                "version {} of table {:?} has no write-ahead log ({} could not be created or \
+                 read back)",
+                tv.version(),
+                spec.name,
+                self.log_path(spec, tv.version()).display()
+            )),
+        }
+    }
+
+    /// Give every open version of a log table a log (a new table's version 1, a new version):
+    /// created and fsynced before the catalog that lists the version's number is written. A log
+    /// refused at restart (kept for inspection) is left alone, and its version keeps refusing
+    /// writes; any other file in the way is an error (the version is not created).
+    fn ensure_logs(&self, tables: &Tables, name: &str) -> Result<(), String> {
+        let Ok(info) = tables.describe(name) else {
+            return Ok(());
+        };
+        let spec = &info.spec;
+        if spec.durability != Durability::Log {
+            return Ok(());
+        }
+        let dir = self.table_dir(spec);
+        fs::create_dir_all(&dir).map_err(|e| io_msg("cannot create", &dir, e))?;
+        for v in info.versions.iter().filter(|v| !v.sealed) {
+            if self.logs.known(name, spec.incarnation, v.number) {
+                continue;
+            }
+            let path = self.log_path(spec, v.number);
+            let log = Log::create(&path, v.number, spec.incarnation)
+                .map_err(|e| io_msg("cannot create", &path, e))?;
+            self.logs.insert(name, spec.incarnation, log);
+        }
+        Ok(())
     }
 
     fn table_dir(&self, spec: &TableSpec) -> PathBuf {
@@ -241,7 +325,7 @@ impl Persist {
     /// whose durability is memory.
     fn catalog(&self, tables: &Tables, name: &str, also_sealed: Option<u32>) -> Option<Catalog> {
         let info = tables.describe(name).ok()?;
-        if info.spec.durability != Durability::Snapshot {
+        if info.spec.durability == Durability::Memory {
             return None;
         }
         let sealed: Vec<u32> = info
@@ -272,22 +356,24 @@ impl Persist {
         sync_dir(&self.tables_dir).map_err(|e| io_msg("cannot sync", &self.tables_dir, e))
     }
 
-    /// Rewrite `name`'s catalog after a change to its versions (create, set-current, drop).
-    /// Nothing for a memory table.
+    /// Rewrite `name`'s catalog after a change to its versions (create, set-current, drop),
+    /// first creating the logs of a log table's new open versions. Nothing for a memory table.
     pub fn sync_table(&self, tables: &Tables, name: &str) -> Result<(), String> {
+        self.ensure_logs(tables, name)?;
         match self.catalog(tables, name, None) {
             Some(c) => self.write_catalog(&c),
             None => Ok(()),
         }
     }
 
-    /// SEAL of a snapshot table: freeze the version, write each held partition's image, list the
-    /// version in the catalog, and only then mark it sealed. On an error the version is not
-    /// sealed (it takes no more writes; a SEAL may be retried) and the error says what failed.
-    /// A memory table is sealed as usual.
+    /// SEAL of a snapshot or log table: freeze the version, write each held partition's image,
+    /// list the version in the catalog, and only then mark it sealed; a log table's log of the
+    /// version is removed after that (its images hold everything it did). On an error the
+    /// version is not sealed (it takes no more writes; a SEAL may be retried) and the error says
+    /// what failed. A memory table is sealed as usual.
     pub fn seal(&self, tables: &Tables, name: &str, version: u32) -> Result<(), SealError> {
         let spec = tables.describe(name).map_err(SealError::Store)?.spec;
-        if spec.durability != Durability::Snapshot {
+        if spec.durability == Durability::Memory {
             return tables.seal_version(name, version).map_err(SealError::Store);
         }
         let tv = tables
@@ -310,7 +396,16 @@ impl Persist {
                 .expect("a snapshot table has a catalog");
             self.write_catalog(&c).map_err(SealError::Disk)?;
         }
-        tables.seal_version(name, version).map_err(SealError::Store)
+        tables
+            .seal_version(name, version)
+            .map_err(SealError::Store)?;
+        if spec.durability == Durability::Log {
+            // Best effort: a log left behind names a sealed version, and the next restart
+            // deletes it unread.
+            let path = self.log_path(&spec, version);
+            let _ = self.logs.remove(name, spec.incarnation, version, &path);
+        }
+        Ok(())
     }
 
     /// After DROP_VERSION: the catalog first (so a crash cannot list a version whose files are
@@ -320,6 +415,12 @@ impl Persist {
             return Ok(());
         };
         self.write_catalog(&c)?;
+        if c.spec.durability == Durability::Log {
+            let path = self.log_path(&c.spec, version);
+            self.logs
+                .remove(name, c.spec.incarnation, version, &path)
+                .map_err(|e| io_msg("cannot remove", &path, e))?;
+        }
         let vdir = self.table_dir(&c.spec).join(format!("v{version}"));
         match fs::remove_dir_all(&vdir) {
             Ok(()) => Ok(()),
@@ -331,9 +432,10 @@ impl Persist {
     /// Before DROP_TABLE of a table with this spec: its directory goes (renamed away first, so
     /// a crash leaves no catalog behind). A refusal here leaves the table in place.
     pub fn drop_table(&self, spec: &TableSpec) -> Result<(), String> {
-        if spec.durability != Durability::Snapshot {
+        if spec.durability == Durability::Memory {
             return Ok(());
         }
+        self.logs.forget_table(&spec.name, spec.incarnation);
         let dir = self.table_dir(spec);
         let gone = dir.with_extension("dropped");
         match fs::rename(&dir, &gone) {
@@ -424,10 +526,18 @@ impl Persist {
         tables
             .create_table(c.spec.clone(), held)
             .map_err(|e| e.to_string())?;
-        // create_table makes an open version 1; open versions are not kept across a restart.
-        tables
-            .drop_version(name, 1, true)
-            .map_err(|e| e.to_string())?;
+        let logs = if c.spec.durability == Durability::Log {
+            self.find_logs(dir, c, warn)
+        } else {
+            Vec::new()
+        };
+        // create_table makes an open version 1 (current); it stays only if its log does, to be
+        // replayed below. Other open versions are not kept across a restart.
+        if !logs.contains(&1) {
+            tables
+                .drop_version(name, 1, true)
+                .map_err(|e| e.to_string())?;
+        }
         let (mut bytes, mut missing) = (0u64, Vec::new());
         for &v in &c.sealed {
             let vdir = dir.join(format!("v{v}"));
@@ -466,6 +576,29 @@ impl Persist {
                 .set_current(name, c.current)
                 .map_err(|e| format!("current version {}: {e}", c.current))?;
         }
+        let (mut log_bytes, mut log_records) = (0, 0);
+        for &v in &logs {
+            let path = self.log_path(&c.spec, v);
+            match self.replay(tables, c, v, &path, warn) {
+                Ok((b, r)) => {
+                    log_bytes += b;
+                    log_records += r;
+                }
+                Err(e) => {
+                    warn(format!(
+                        "{}: {e}; version {v} refused (its partitions are missing)",
+                        path.display()
+                    ));
+                    self.logs.insert_refused(name, c.spec.incarnation, v);
+                    let all: Vec<u32> = (0..c.spec.partitions).collect();
+                    let _ = tables.drop_version(name, v, true);
+                    tables
+                        .restore_open_version(name, v, &all)
+                        .map_err(|e| format!("version {v}: {e}"))?;
+                    missing.extend(held.iter().map(|&p| (v, p)));
+                }
+            }
+        }
         tables
             .raise_high_water(name, c.high_water)
             .map_err(|e| e.to_string())?;
@@ -476,8 +609,132 @@ impl Persist {
             items: info.versions.iter().map(|v| v.items).sum(),
             bytes,
             missing,
+            replayed: logs,
+            log_bytes,
+            log_records,
             seconds: started.elapsed().as_secs_f64(),
         })
+    }
+
+    /// The open versions of a log table that have a log file, ascending. Logs of versions the
+    /// catalog lists as sealed (a crash between the seal's catalog write and the log's removal)
+    /// and leftover `.log.tmp` files are deleted.
+    fn find_logs(&self, dir: &Path, c: &Catalog, warn: &mut impl FnMut(String)) -> Vec<u32> {
+        let mut out = Vec::new();
+        let entries = match fs::read_dir(dir) {
+            Ok(rd) => rd,
+            Err(e) => {
+                warn(io_msg("cannot read", dir, e));
+                return out;
+            }
+        };
+        for e in entries.filter_map(|e| e.ok()) {
+            let file = e.file_name();
+            let Some(file) = file.to_str() else { continue };
+            if file.ends_with(".log.tmp") {
+                let _ = fs::remove_file(e.path());
+                continue;
+            }
+            let Some(v) = file
+                .strip_prefix('v')
+                .and_then(|f| f.strip_suffix(".log"))
+                .and_then(|n| n.parse::<u32>().ok())
+                .filter(|&v| v > 0)
+            else {
+                continue;
+            };
+            if c.sealed.contains(&v) {
+                let _ = fs::remove_file(e.path());
+            } else {
+                out.push(v);
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
+    /// Replay the log of open version `v` (module docs of wal.rs): re-create the version (version
+    /// 1 is already there, from create_table), apply every record of a partition this server
+    /// holds, cut a torn tail (reported through `warn`), and open the log for further writes.
+    /// `Err` for a log that cannot be read, is corrupt, or whose writes the store now refuses
+    /// (the caller marks the version missing). Returns (bytes read, records applied).
+    fn replay(
+        &self,
+        tables: &Tables,
+        c: &Catalog,
+        v: u32,
+        path: &Path,
+        warn: &mut impl FnMut(String),
+    ) -> Result<(u64, u64), String> {
+        let name = &c.spec.name;
+        let bytes = fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+        let scan = wal::scan(&bytes, v, c.spec.incarnation);
+        match &scan.end {
+            wal::End::Clean => {}
+            wal::End::TornTail { at, bytes } => warn(format!(
+                "{}: torn tail of {bytes} bytes at offset {at} (a write cut short by a crash, \
+                 never acknowledged); truncated, {} records before it kept",
+                path.display(),
+                scan.records.len()
+            )),
+            wal::End::Corrupt { at, what } => return Err(format!("{what} at offset {at}")),
+        }
+        if v != 1 {
+            tables
+                .restore_open_version(name, v, &[])
+                .map_err(|e| e.to_string())?;
+        }
+        let tv = tables.at(name, v).map_err(|e| e.to_string())?;
+        let vt = c.spec.value_type;
+        let mut status = Vec::new();
+        let mut applied = 0u64;
+        for r in scan.records.iter().filter(|r| tv.is_held(r.partition)) {
+            let mut ops = &r.ops[..];
+            while let Some(first) = ops.first() {
+                let put = matches!(first, Op::Put(..));
+                let run = ops
+                    .iter()
+                    .take_while(|o| matches!(o, Op::Put(..)) == put)
+                    .count();
+                let (now, rest) = ops.split_at(run);
+                ops = rest;
+                status.clear();
+                let done = if put {
+                    let mut items = Vec::with_capacity(now.len());
+                    for op in now {
+                        let Op::Put(k, val) = *op else { unreachable!() };
+                        if vt.packed_width().is_some_and(|w| w != val.len()) {
+                            return Err(format!(
+                                "a value of {} bytes in partition {} is not a {vt:?}",
+                                val.len(),
+                                r.partition
+                            ));
+                        }
+                        items.push((k, crate::native::value_ref(vt, val)));
+                    }
+                    tv.put_batch(r.partition, items, &mut status)
+                } else {
+                    let keys = now.iter().map(|o| match *o {
+                        Op::Delete(k) | Op::Put(k, _) => k,
+                    });
+                    tv.delete_batch(r.partition, keys, &mut status)
+                };
+                done.map_err(|e| format!("partition {}: {e}", r.partition))?;
+                let ok =
+                    |&s: &u8| s == KeyStatus::Ok as u8 || (!put && s == KeyStatus::NotFound as u8);
+                if let Some(bad) = status.iter().find(|s| !ok(s)) {
+                    return Err(format!(
+                        "partition {}: a logged write is refused now ({:?})",
+                        r.partition,
+                        KeyStatus::from_u8(*bad)
+                    ));
+                }
+            }
+            applied += 1;
+        }
+        let log = Log::reopen(path, v, scan.good_len).map_err(|e| e.to_string())?;
+        self.logs.insert(name, c.spec.incarnation, log);
+        Ok((bytes.len() as u64, applied))
     }
 }
 
@@ -518,8 +775,20 @@ mod tests {
         assert!(Catalog::parse(&text[..text.len() - 5]).is_err());
         let empty = Catalog {
             sealed: vec![],
-            ..c
+            ..c.clone()
         };
         assert_eq!(Catalog::parse(&empty.to_text()), Ok(empty));
+        let mut log = c.clone();
+        log.spec.durability = Durability::Log;
+        assert_eq!(Catalog::parse(&log.to_text()), Ok(log.clone()));
+        assert!(log.to_text().contains("\ndurability log\n"));
+        // Format 1 (no durability line) is still read, as snapshot.
+        let body = c
+            .to_text()
+            .replace("ramgrid-catalog 2", "ramgrid-catalog 1")
+            .replace("durability snapshot\n", "");
+        let body = &body[..body.rfind("sum ").unwrap()];
+        let v1 = format!("{body}sum {:016x}\n", xxh3_64(body.as_bytes()));
+        assert_eq!(Catalog::parse(&v1), Ok(c));
     }
 }

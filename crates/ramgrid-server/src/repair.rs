@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use ramgrid_proto::cluster::{ClusterSpec, PartitionMap};
 use ramgrid_proto::native::{self as wire, ExportRequest, Request, Response, Status};
-use ramgrid_store::tables::{Durability, TableSpec};
+use ramgrid_store::tables::{Durability, TableSpec, ValueRef};
 
 use crate::native::{store_value_type, NativeState};
 use crate::peer::{Peer, PeerError};
@@ -237,6 +237,7 @@ fn adopt(state: &NativeState, name: &str, infos: Vec<wire::TableInfo>) -> Result
         durability: match first.durability {
             wire::Durability::Memory => Durability::Memory,
             wire::Durability::Snapshot => Durability::Snapshot,
+            wire::Durability::Log => Durability::Log,
         },
         incarnation,
     };
@@ -266,6 +267,9 @@ fn adopt(state: &NativeState, name: &str, infos: Vec<wire::TableInfo>) -> Result
                 }
             }
             let _ = tables.raise_high_water(name, high_water);
+            if let Some(p) = &state.persist {
+                p.sync_table(tables, name)?;
+            }
             if current != local.current && (current == 0 || versions.contains_key(&current)) {
                 let _ = tables.adopt_current(name, current);
             }
@@ -291,6 +295,10 @@ fn adopt(state: &NativeState, name: &str, infos: Vec<wire::TableInfo>) -> Result
                     .map_err(|e| e.to_string())?;
             }
             let _ = tables.adopt_current(name, current);
+            if let Some(p) = &state.persist {
+                // Durable here too: its catalog, and a log for each open version of a log table.
+                p.sync_table(tables, name)?;
+            }
             eprintln!(
                 "ramgrid-server: repair: adopted table {name} ({} versions, current {current}) from peers",
                 versions.len()
@@ -427,6 +435,8 @@ fn copy_one(
         .tables
         .import_image(&spec.name, version, partition, &image)
         .map_err(|e| PeerError::Failed(format!("import from {src}: {e}")))?;
+    log_copy(state, spec, version, partition)
+        .map_err(|e| PeerError::Failed(format!("logging the copy from {src}: {e}")))?;
     let r = &state.repair;
     r.copied_partitions.fetch_add(1, Ordering::Relaxed);
     r.copied_bytes
@@ -439,4 +449,49 @@ fn copy_one(
         started.elapsed().as_secs_f64() * 1e3
     );
     Ok(())
+}
+
+/// A copy into an open version of a log table goes into its write-ahead log too, or a restart
+/// would replay the writes since the copy without the copy. Appended under the partition's read
+/// lock, so every later write's record follows it in the log.
+fn log_copy(
+    state: &NativeState,
+    spec: &TableSpec,
+    version: u32,
+    partition: u32,
+) -> Result<(), String> {
+    let Some(persist) = &state.persist else {
+        return Ok(());
+    };
+    let tv = state
+        .tables
+        .at(&spec.name, version)
+        .map_err(|e| e.to_string())?;
+    if tv.is_sealed() {
+        return Ok(());
+    }
+    let Some(log) = persist.log_of(&tv)? else {
+        return Ok(());
+    };
+    let ticket = tv
+        .with_partition(partition, |view| {
+            let bytes: Vec<(&[u8], Vec<u8>)> = view
+                .iter()
+                .map(|(k, v)| {
+                    let b = match v {
+                        ValueRef::I64(x) => x.to_le_bytes().to_vec(),
+                        ValueRef::F64(x) => x.to_le_bytes().to_vec(),
+                        ValueRef::F32Vec(f) => f.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                        ValueRef::F32VecLe(b) | ValueRef::Bytes(b) => b.to_vec(),
+                    };
+                    (k, b)
+                })
+                .collect();
+            log.append(
+                partition,
+                bytes.iter().map(|(k, v)| crate::wal::Op::Put(k, v)),
+            )
+        })
+        .map_err(|e| e.to_string())?;
+    log.commit(ticket)
 }

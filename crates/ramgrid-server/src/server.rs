@@ -169,8 +169,17 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
             |msg| eprintln!("ramgrid-server: data dir: {msg}"),
         );
         for l in loaded {
+            let replayed = if l.replayed.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", open versions {:?} replayed from their logs ({} records, {} bytes)",
+                    l.replayed, l.log_records, l.log_bytes
+                )
+            };
             eprintln!(
-                "ramgrid-server: loaded table {:?}: versions {:?}, {} items, {} bytes, {:.0} ms{}",
+                "ramgrid-server: loaded table {:?}: versions {:?}, {} items, {} bytes{replayed}, \
+                 {:.0} ms{}",
                 l.name,
                 l.versions,
                 l.items,

@@ -160,8 +160,19 @@ fn get_f64(
     partitions: u32,
     keys: &[&str],
 ) -> Result<Vec<Option<f64>>, Status> {
+    get_f64_at(c, table, 0, epoch, partitions, keys)
+}
+
+fn get_f64_at(
+    c: &mut Conn,
+    table: &str,
+    version: u32,
+    epoch: u64,
+    partitions: u32,
+    keys: &[&str],
+) -> Result<Vec<Option<f64>>, Status> {
     let mut out = Vec::new();
-    let mut w = KeyBatchWriter::begin(&mut out, Opcode::Get, 7, table, 0, epoch).unwrap();
+    let mut w = KeyBatchWriter::begin(&mut out, Opcode::Get, 7, table, version, epoch).unwrap();
     for k in keys {
         w.group(partition_of(k.as_bytes(), partitions), [k])
             .unwrap();
@@ -458,6 +469,149 @@ fn a_seal_is_durable_before_it_is_acknowledged() {
     );
     assert_eq!(c.call(Request::DropTable { name: "d" }), Status::Ok);
     assert!(!table_dir.exists(), "a dropped table's files are removed");
+    h.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn delete_keys(c: &mut Conn, table: &str, version: u32, partitions: u32, keys: &[&str]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut w = KeyBatchWriter::begin(&mut out, Opcode::Delete, 8, table, version, 0).unwrap();
+    for k in keys {
+        w.group(partition_of(k.as_bytes(), partitions), [k])
+            .unwrap();
+    }
+    w.finish().unwrap();
+    c.send(&out);
+    c.reply(|r| match r {
+        Response::KeyStatuses(s) => s.as_bytes().to_vec(),
+        other => panic!("DELETE answered {other:?}"),
+    })
+}
+
+/// A log table (durability log): every acknowledged PUT and DELETE of an open version is in its
+/// log, a restart replays open versions (version 1 stays current) next to sealed ones, a seal
+/// removes the version's log, a torn tail is cut and the rest kept, a corrupt record refuses
+/// the version (NOT_OWNER, never a partial answer), and a version whose log cannot be created
+/// is not created.
+#[test]
+fn log_tables_replay_open_versions_and_refuse_damage() {
+    let dir = temp_dir("wal");
+    let data = dir.to_str().unwrap();
+    let h = server(&["--data-dir", data]);
+    let mut c = Conn::open(&h);
+    assert_eq!(c.hello(b""), Status::Ok);
+    let create = CreateTable {
+        name: "w",
+        partitions: 4,
+        replication: 1,
+        value_type: ValueType::F64,
+        durability: Durability::Log,
+        incarnation: 0x10,
+    };
+    assert_eq!(c.call(Request::CreateTable(create)), Status::Ok);
+    let table_dir = dir.join("tables/w-0000000000000010");
+    let v1_log = table_dir.join("v1.log");
+    assert!(v1_log.is_file(), "the open head has a log from the start");
+    let v = |version| VersionRef {
+        table: "w",
+        version,
+    };
+    assert_eq!(
+        put_f64(&mut c, "w", 1, 0, 4, &["a", "b", "c"], &[1.0, 2.0, 3.0]),
+        vec![0, 0, 0]
+    );
+    assert_eq!(put_f64(&mut c, "w", 1, 0, 4, &["a"], &[1.5]), vec![0]);
+    assert_eq!(delete_keys(&mut c, "w", 1, 4, &["b", "nope"]), vec![0, 1]);
+    assert_eq!(c.call(Request::CreateVersion(v(2))), Status::Ok);
+    assert!(table_dir.join("v2.log").is_file());
+    assert_eq!(put_f64(&mut c, "w", 2, 0, 4, &["x"], &[9.0]), vec![0]);
+    assert_eq!(c.call(Request::CreateVersion(v(3))), Status::Ok);
+    assert_eq!(put_f64(&mut c, "w", 3, 0, 4, &["y"], &[7.0]), vec![0]);
+    assert_eq!(c.call(Request::SealVersion(v(3))), Status::Ok);
+    assert!(
+        !table_dir.join("v3.log").exists(),
+        "a sealed version's log is garbage"
+    );
+    assert!(table_dir.join("v3/p0.img").is_file());
+    h.shutdown();
+
+    let h = server(&["--data-dir", data]);
+    let mut c = Conn::open(&h);
+    assert_eq!(c.hello(b""), Status::Ok);
+    let keys = ["a", "b", "c", "nope"];
+    let want = vec![Some(1.5), None, Some(3.0), None];
+    assert_eq!(get_f64(&mut c, "w", 0, 4, &keys), Ok(want.clone()));
+    assert_eq!(
+        get_f64_at(&mut c, "w", 2, 0, 4, &["x"]),
+        Ok(vec![Some(9.0)])
+    );
+    assert_eq!(
+        get_f64_at(&mut c, "w", 3, 0, 4, &["y"]),
+        Ok(vec![Some(7.0)])
+    );
+    // Writes go on after the replay, to the same log.
+    assert_eq!(put_f64(&mut c, "w", 1, 0, 4, &["d"], &[4.0]), vec![0]);
+    // A version whose log cannot be created is refused and does not exist.
+    std::fs::create_dir(table_dir.join("v4.log")).unwrap();
+    assert_eq!(c.call(Request::CreateVersion(v(4))), Status::Internal);
+    assert_eq!(
+        c.call(Request::DropVersion(v(4))),
+        Status::NoSuchVersion,
+        "not created"
+    );
+    std::fs::remove_dir(table_dir.join("v4.log")).unwrap();
+    h.shutdown();
+
+    // A torn tail: half a record appended (as a crash mid-write leaves it).
+    let good = std::fs::read(&v1_log).unwrap();
+    let mut torn = good.clone();
+    torn.extend_from_slice(&good[40..60]);
+    std::fs::write(&v1_log, &torn).unwrap();
+    let h = server(&["--data-dir", data]);
+    let mut c = Conn::open(&h);
+    assert_eq!(c.hello(b""), Status::Ok);
+    let with_d = ["a", "b", "c", "d"];
+    assert_eq!(
+        get_f64(&mut c, "w", 0, 4, &with_d),
+        Ok(vec![Some(1.5), None, Some(3.0), Some(4.0)])
+    );
+    assert_eq!(
+        std::fs::read(&v1_log).unwrap(),
+        good,
+        "the torn tail is cut"
+    );
+    h.shutdown();
+
+    // A corrupt record in the middle: the version is refused, never served partly.
+    let mut bad = good.clone();
+    bad[40 + 16 + 2] ^= 0xff;
+    std::fs::write(&v1_log, &bad).unwrap();
+    let h = server(&["--data-dir", data]);
+    let mut c = Conn::open(&h);
+    assert_eq!(c.hello(b""), Status::Ok);
+    assert_eq!(
+        get_f64_at(&mut c, "w", 1, 0, 4, &with_d),
+        Err(Status::NotOwner)
+    );
+    assert_eq!(
+        get_f64(&mut c, "w", 0, 4, &with_d),
+        Err(Status::NoSuchVersion),
+        "a refused open head is not current"
+    );
+    assert_eq!(
+        get_f64_at(&mut c, "w", 2, 0, 4, &["x"]),
+        Ok(vec![Some(9.0)])
+    );
+    assert_eq!(std::fs::read(&v1_log).unwrap(), bad, "kept for inspection");
+    // Other versions can still be created (the refused log is left alone).
+    assert_eq!(c.call(Request::CreateVersion(v(5))), Status::Ok);
+    // Dropping the refused version removes its log.
+    assert_eq!(c.call(Request::DropVersion(v(1))), Status::Ok);
+    assert!(!v1_log.exists());
+    assert_eq!(c.call(Request::DropVersion(v(2))), Status::Ok);
+    assert!(!table_dir.join("v2.log").exists());
+    assert_eq!(c.call(Request::DropTable { name: "w" }), Status::Ok);
+    assert!(!table_dir.exists());
     h.shutdown();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -123,6 +123,9 @@ pub enum Durability {
     Memory,
     /// Each sealed version is written as snapshot files and loaded at restart.
     Snapshot,
+    /// As [`Durability::Snapshot`] for sealed versions, and every write to an open version is
+    /// appended to a write-ahead log (fsynced before it is acknowledged) replayed at restart.
+    Log,
 }
 
 /// Limits of a [`Tables`] registry.
@@ -647,24 +650,41 @@ impl TableVersion {
         items: impl IntoIterator<Item = (&'k [u8], ValueRef<'v>)>,
         status: &mut Vec<u8>,
     ) -> Result<()> {
+        self.put_batch_then(partition, items, status, |_| ())
+    }
+
+    /// [`TableVersion::put_batch`], then `then(statuses)` with this batch's status bytes while
+    /// the partition's write lock is still held: a write-ahead log appends the accepted pairs
+    /// there, so that its order of records is the order in which writes were applied (two
+    /// writers of one key cannot be logged in the other order). Not called on `Err`.
+    pub fn put_batch_then<'k, 'v>(
+        &self,
+        partition: u32,
+        items: impl IntoIterator<Item = (&'k [u8], ValueRef<'v>)>,
+        status: &mut Vec<u8>,
+        then: impl FnOnce(&[u8]),
+    ) -> Result<()> {
         let max_value = self.max_value;
-        self.write(partition, |data, touched| match touched {
-            None => data.put_many(items.into_iter(), MAX_KEY_LEN, max_value, |st| {
-                status.push(st as u8)
-            }),
-            Some(touched) => {
-                // Copying in: remember the keys stored here, so the copy keeps them.
-                let items: Vec<_> = items.into_iter().collect();
-                let from = status.len();
-                data.put_many(items.iter().copied(), MAX_KEY_LEN, max_value, |st| {
+        let start = status.len();
+        self.write(partition, |data, touched| {
+            match touched {
+                None => data.put_many(items.into_iter(), MAX_KEY_LEN, max_value, |st| {
                     status.push(st as u8)
-                });
-                for ((k, _), &st) in items.iter().zip(&status[from..]) {
-                    if st == KeyStatus::Ok as u8 {
-                        touched.insert((*k).into());
+                }),
+                Some(touched) => {
+                    // Copying in: remember the keys stored here, so the copy keeps them.
+                    let items: Vec<_> = items.into_iter().collect();
+                    data.put_many(items.iter().copied(), MAX_KEY_LEN, max_value, |st| {
+                        status.push(st as u8)
+                    });
+                    for ((k, _), &st) in items.iter().zip(&status[start..]) {
+                        if st == KeyStatus::Ok as u8 {
+                            touched.insert((*k).into());
+                        }
                     }
                 }
             }
+            then(&status[start..]);
         })
     }
 
@@ -676,6 +696,19 @@ impl TableVersion {
         keys: impl IntoIterator<Item = &'k [u8]>,
         status: &mut Vec<u8>,
     ) -> Result<()> {
+        self.delete_batch_then(partition, keys, status, |_| ())
+    }
+
+    /// [`TableVersion::delete_batch`], then `then(statuses)` under the partition's write lock
+    /// (see [`TableVersion::put_batch_then`]).
+    pub fn delete_batch_then<'k>(
+        &self,
+        partition: u32,
+        keys: impl IntoIterator<Item = &'k [u8]>,
+        status: &mut Vec<u8>,
+        then: impl FnOnce(&[u8]),
+    ) -> Result<()> {
+        let start = status.len();
         self.write(partition, |data, mut touched| {
             for key in keys {
                 let st = data.delete(key, MAX_KEY_LEN);
@@ -685,6 +718,7 @@ impl TableVersion {
                 }
                 status.push(st as u8);
             }
+            then(&status[start..]);
         })
     }
 }
@@ -1023,6 +1057,40 @@ impl Tables {
         let v = Arc::new(Version::new(version, &table.spec, &self.meter)?);
         st.versions.insert(version, v);
         st.high_water = version;
+        Ok(())
+    }
+
+    /// Re-create OPEN version `version` (> 0, not existing) as a restarting server replays it
+    /// from its write-ahead log: like [`Tables::create_version`], but the number may be at or
+    /// below the high-water mark (it names the same contents it named before the restart; the
+    /// mark only rises), and the partitions in `missing` are pending (their log could not be
+    /// read back): refused as [`Error::Repairing`], never read as empty, until a copy from a
+    /// replica comes in.
+    pub fn restore_open_version(&self, name: &str, version: u32, missing: &[u32]) -> Result<()> {
+        if version == 0 {
+            return Err(Error::Invalid(
+                "version 0 means current; versions start at 1".into(),
+            ));
+        }
+        let table = self.table(name)?;
+        let mut v = Version::new(version, &table.spec, &self.meter)?;
+        for &p in missing {
+            let slot = v.parts.get_mut(p as usize).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "partition {p} out of range 0..{}",
+                    table.spec.partitions
+                ))
+            })?;
+            // Pending: refused to readers, copied from a replica by the repair thread.
+            *slot.pending.get_mut() = true;
+            *slot.touched.get_mut() = Some(Default::default());
+        }
+        let mut st = table.state.write();
+        if st.versions.contains_key(&version) {
+            return Err(Error::VersionExists(version));
+        }
+        st.high_water = st.high_water.max(version);
+        st.versions.insert(version, Arc::new(v));
         Ok(())
     }
 

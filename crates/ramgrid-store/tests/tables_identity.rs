@@ -49,3 +49,85 @@ fn version_numbers_are_never_reused() {
     let info = t.describe("t").unwrap();
     assert_eq!((info.spec.incarnation, info.high_water), (0xbeef, 1));
 }
+
+/// A restarting server re-creates open versions from their logs under their old numbers (at or
+/// below the mark, which only rises); partitions whose log could not be read are refused, not
+/// read as empty.
+#[test]
+fn open_versions_are_restored_under_their_numbers() {
+    use ramgrid_store::ValueRef;
+    let t = Tables::new(TablesConfig::default());
+    let spec = TableSpec {
+        name: "t".into(),
+        partitions: 2,
+        replication: 1,
+        value_type: ValueType::I64,
+        durability: Durability::Log,
+        incarnation: 1,
+    };
+    t.create_table(spec, &[0, 1]).unwrap();
+    t.raise_high_water("t", 9).unwrap();
+    t.restore_open_version("t", 4, &[]).unwrap();
+    t.restore_open_version("t", 12, &[1]).unwrap();
+    assert_eq!(
+        t.restore_open_version("t", 4, &[]),
+        Err(Error::VersionExists(4))
+    );
+    assert_eq!(t.describe("t").unwrap().high_water, 12);
+    let mut st = Vec::new();
+    t.put_batch("t", 4, 0, [(&b"k"[..], ValueRef::I64(3))], &mut st)
+        .unwrap();
+    assert_eq!(st, vec![0]);
+    assert_eq!(
+        t.put_batch("t", 12, 1, [(&b"k"[..], ValueRef::I64(3))], &mut st),
+        Err(Error::NotHeld(1))
+    );
+    let (mut status, mut values) = (Vec::new(), Vec::new());
+    assert_eq!(
+        t.get_batch("t", 12, 1, [&b"k"[..]], &mut status, &mut values),
+        Err(Error::NotHeld(1))
+    );
+    t.put_batch("t", 12, 0, [(&b"k"[..], ValueRef::I64(3))], &mut st)
+        .unwrap();
+}
+
+/// `put_batch_then` / `delete_batch_then` hand exactly this batch's statuses to the hook (what a
+/// write-ahead log appends), and not at all when the batch is refused.
+#[test]
+fn write_hooks_see_this_batchs_statuses() {
+    use ramgrid_store::ValueRef;
+    let t = Tables::new(TablesConfig::default());
+    let spec = TableSpec {
+        name: "t".into(),
+        partitions: 1,
+        replication: 1,
+        value_type: ValueType::Bytes,
+        durability: Durability::Log,
+        incarnation: 1,
+    };
+    t.create_table(spec, &[0]).unwrap();
+    let tv = t.at("t", 1).unwrap();
+    let mut st = vec![9];
+    let mut seen = Vec::new();
+    let big = vec![0u8; 70_000];
+    tv.put_batch_then(
+        0,
+        [
+            (&b"a"[..], ValueRef::Bytes(b"1")),
+            (&big[..], ValueRef::Bytes(b"2")),
+        ],
+        &mut st,
+        |s| seen = s.to_vec(),
+    )
+    .unwrap();
+    assert_eq!(seen, vec![0, 2], "Ok, then KeyTooLarge");
+    tv.delete_batch_then(0, [&b"a"[..], &b"zz"[..]], &mut st, |s| seen = s.to_vec())
+        .unwrap();
+    assert_eq!(seen, vec![0, 1], "Ok, then NotFound");
+    t.seal_version("t", 1).unwrap();
+    let mut called = false;
+    assert!(tv
+        .delete_batch_then(0, [&b"a"[..]], &mut st, |_| called = true)
+        .is_err());
+    assert!(!called);
+}

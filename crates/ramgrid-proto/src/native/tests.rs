@@ -52,7 +52,7 @@ fn table_info() -> impl Strategy<Value = TableInfo> {
         any::<u32>(),
         any::<u32>(),
         value_type(),
-        (any::<bool>(), any::<u64>()),
+        (0u8..3, any::<u64>()),
         (any::<u32>(), any::<u32>()),
         vec(version, 0..4),
     )
@@ -62,7 +62,7 @@ fn table_info() -> impl Strategy<Value = TableInfo> {
                 partitions,
                 replication,
                 value_type,
-                (snapshot, incarnation),
+                (durability, incarnation),
                 (current_version, high_water),
                 versions,
             )| TableInfo {
@@ -70,11 +70,7 @@ fn table_info() -> impl Strategy<Value = TableInfo> {
                 partitions,
                 replication,
                 value_type,
-                durability: if snapshot {
-                    Durability::Snapshot
-                } else {
-                    Durability::Memory
-                },
+                durability: Durability::from_u8(durability).expect("0..3"),
                 incarnation,
                 current_version,
                 high_water,

@@ -223,6 +223,9 @@ pub enum Durability {
     Memory = 0,
     /// Each sealed version is written as snapshot files and loaded at restart.
     Snapshot = 1,
+    /// As `Snapshot` for sealed versions; writes to open versions are also appended to a
+    /// write-ahead log, fsynced before they are acknowledged, and replayed at restart.
+    Log = 2,
 }
 
 impl Durability {
@@ -231,6 +234,7 @@ impl Durability {
         match b {
             0 => Some(Durability::Memory),
             1 => Some(Durability::Snapshot),
+            2 => Some(Durability::Log),
             _ => None,
         }
     }

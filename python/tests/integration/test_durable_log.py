@@ -1,0 +1,242 @@
+"""Log tables (docs/ARCHITECTURE.md, "Durable tables"): on servers started with --data-dir, every PUT and DELETE of
+an open version of a durability="log" table is in its write-ahead log, fsynced, before it is acknowledged. Servers
+killed with SIGKILL while writers run and started again on the same data dirs serve every acknowledged key exactly
+(deleted keys absent), each of the two replicas on its own; a write the log cannot take (the file size limit standing
+in for a full disk) is refused with the data directory's error, not acknowledged."""
+
+from __future__ import annotations
+
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ramgrid
+from ramgrid._local import server_env
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Cluster:
+    """Servers on fixed loopback ports, each with its own data dir and the same spec file, that a test can SIGKILL
+    and start again on the same address (optionally under a file size limit)."""
+
+    def __init__(self, root: Path, n: int, threads: int = 2) -> None:
+        self.root = root
+        self.threads = threads
+        self.addrs = [f"127.0.0.1:{free_port()}" for _ in range(n)]
+        self.spec_file = root / "spec"
+        self.spec_file.write_text("".join(f"server {a}\n" for a in self.addrs))
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * n
+        self.starts = [0] * n
+
+    def data_dir(self, i: int) -> Path:
+        return self.root / f"data{i}"
+
+    def stderr(self, i: int) -> str:
+        return (self.root / f"server{i}-{self.starts[i]}.err").read_text(errors="replace")
+
+    def start(self, i: int, fsize_limit: int | None = None) -> None:
+        self.starts[i] += 1
+        args = [sys.executable, "-m", "ramgrid._serve", "--listen", self.addrs[i], "--threads", str(self.threads)]
+        args += ["--table-memory", "1GiB", "--cluster-spec", str(self.spec_file), "--data-dir", str(self.data_dir(i))]
+        out_path = self.root / f"server{i}-{self.starts[i]}.out"
+        out = open(out_path, "wb")  # noqa: SIM115 - the child keeps its own copy
+        err = open(self.root / f"server{i}-{self.starts[i]}.err", "wb")  # noqa: SIM115
+        env = server_env(None, parent_watch=False)
+        # Under a file size limit a write past it fails with EFBIG (a full disk, unprivileged) once SIGXFSZ is
+        # ignored: the child inherits our ignored disposition (restore_signals=False), then gets the limit.
+        old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN) if fsize_limit is not None else None
+        try:
+            proc = subprocess.Popen(
+                args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, restore_signals=fsize_limit is None
+            )
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGXFSZ, old)
+        if fsize_limit is not None:
+            resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
+        self.procs[i] = proc
+        out.close()
+        err.close()
+        deadline = time.monotonic() + 30
+        while b"listening on" not in out_path.read_bytes():
+            proc = self.procs[i]
+            assert proc is not None
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"server {i} did not start: {self.stderr(i)}")
+            time.sleep(0.01)
+
+    def kill(self, i: int) -> None:
+        proc = self.procs[i]
+        assert proc is not None
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def grid(c: Cluster) -> ramgrid.Grid:
+    return ramgrid.connect(c.addrs, timeout=2.0, call_timeout=5.0)
+
+
+def values_of(keys: np.ndarray) -> np.ndarray:
+    return keys * 0.5 + 1.0
+
+
+def test_acknowledged_writes_survive_sigkill_of_every_replica(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, 2)
+    try:
+        for i in range(2):
+            c.start(i)
+        g = grid(c)
+        t = g.create_table("live", partitions=16, replication=2, value_type="f64", durability="log")
+        assert t.describe()["durability"] == "log"
+        acked: list[np.ndarray] = []  # put batches acknowledged by both replicas (ack=all)
+        deleted: list[np.ndarray] = []  # delete batches acknowledged
+        unknown: list[np.ndarray] = []  # batches in flight at the kill: either outcome is allowed
+        lock = threading.Lock()
+        stop = threading.Event()
+        batch = 500
+
+        def writer(w: int) -> None:
+            wg = grid(c)
+            tt = wg.table("live")
+            n = 0
+            while not stop.is_set():
+                keys = np.arange(batch, dtype=np.int64) + (w * 10_000_000 + n * batch)
+                n += 1
+                try:
+                    tt.put_many(keys, values_of(keys))
+                except ramgrid.RamgridError:
+                    with lock:
+                        unknown.append(keys)
+                    return
+                with lock:
+                    acked.append(keys)
+                if n % 4 == 0:
+                    gone = keys[::7]
+                    try:
+                        tt.delete_many(gone)
+                    except ramgrid.RamgridError:
+                        with lock:
+                            unknown.append(gone)
+                        return
+                    with lock:
+                        deleted.append(gone)
+
+        threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+        for th in threads:
+            th.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with lock:
+                if sum(len(a) for a in acked) >= 40_000:
+                    break
+            time.sleep(0.05)
+        # Real kill -9 of both replicas while the writers are mid-stream.
+        c.kill(0)
+        c.kill(1)
+        stop.set()
+        for th in threads:
+            th.join(timeout=30)
+        g.close()
+        assert sum(len(a) for a in acked) >= 10_000, "too few writes acknowledged to test anything"
+        print(
+            f"acked {sum(len(a) for a in acked)} keys, deleted {sum(len(d) for d in deleted)}, in doubt {sum(len(u) for u in unknown)}"
+        )
+
+        all_keys = np.concatenate(acked)
+        gone = np.concatenate(deleted) if deleted else np.array([], dtype=np.int64)
+        doubt = np.concatenate(unknown) if unknown else np.array([], dtype=np.int64)
+        gone_set, doubt_set = set(gone.tolist()), set(doubt.tolist())
+        present = np.array([k for k in all_keys.tolist() if k not in gone_set and k not in doubt_set], dtype=np.int64)
+        absent = np.array([k for k in gone.tolist() if k not in doubt_set], dtype=np.int64)
+
+        for i in range(2):
+            c.start(i)
+            assert "replayed from their logs" in c.stderr(i), c.stderr(i)
+
+        def check() -> None:
+            g = grid(c)
+            t = g.table("live")
+            assert t.describe()["durability"] == "log"
+            got = t.get_many(present)
+            assert np.array_equal(got, values_of(present))
+            if len(absent):
+                assert np.array_equal(t.get_many(absent, default=-7.0), np.full(len(absent), -7.0))
+            g.close()
+
+        check()  # both replicas up
+        c.kill(0)
+        check()  # replica 1's log alone
+        c.start(0)
+        c.kill(1)
+        check()  # replica 0's log alone
+        c.start(1)
+        # The replayed version still takes writes, logged as before.
+        g = grid(c)
+        g.table("live").put_many(np.array([-1]), np.array([3.25]))
+        g.close()
+        c.kill(0)
+        c.start(0)
+        g = grid(c)
+        assert g.table("live").get(-1) == 3.25
+        g.close()
+    finally:
+        c.close()
+
+
+def test_a_full_disk_refuses_the_write_and_acknowledged_ones_survive(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, 1, threads=1)
+    try:
+        c.start(0, fsize_limit=1 << 20)
+        g = grid(c)
+        t = g.create_table("full", partitions=4, value_type="bytes", durability="log")
+        with pytest.raises(ValueError, match='"log"'):
+            g.create_table("bad", durability="disk")
+        acked: list[int] = []
+        refused = None
+        for n in range(200):
+            keys = list(range(n * 100, n * 100 + 100))
+            try:
+                t.put_many(keys, [b"v%d-" % k + b"x" * 100 for k in keys])
+            except ramgrid.RamgridError as e:
+                refused = e
+                break
+            acked.extend(keys)
+        assert refused is not None, "the file size limit was never reached"
+        msg = str(refused)
+        assert "data directory" in msg and "cannot append to" in msg and "v1.log" in msg, msg
+        assert acked, "no write fitted under the limit"
+        # The log has failed: later writes are refused too, before anything is applied.
+        with pytest.raises(ramgrid.RamgridError, match="data directory"):
+            t.put(10**9, b"late")
+        g.close()
+        c.kill(0)
+        c.start(0)
+        g = grid(c)
+        t = g.table("full")
+        assert t.get_many(acked) == [b"v%d-" % k + b"x" * 100 for k in acked]
+        assert t.get(10**9, default=None) is None
+        t.put(10**9, b"after")  # writes work again once the disk has room
+        assert t.get(10**9) == b"after"
+        g.close()
+    finally:
+        c.close()
