@@ -27,6 +27,10 @@ struct Export {
     used: Instant,
 }
 
+/// One chunk to send: the export id, its whole image, whether it is of a sealed version, and the
+/// range of the image this chunk is.
+pub type Chunk = (u64, Arc<Vec<u8>>, bool, std::ops::Range<usize>);
+
 /// The exports this server is serving.
 #[derive(Default)]
 pub struct Exports {
@@ -41,7 +45,7 @@ impl Exports {
         state: &NativeState,
         req: &ExportRequest<'_>,
         max_body: usize,
-    ) -> Result<(u64, Arc<Vec<u8>>, bool, std::ops::Range<usize>), ErrorReply> {
+    ) -> Result<Chunk, ErrorReply> {
         let now = Instant::now();
         let mut live = self.live.lock();
         live.retain(|_, e| now.duration_since(e.used) < IDLE);
