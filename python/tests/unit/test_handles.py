@@ -30,6 +30,9 @@ class FakeClient:
         self.closed = False
         self.tables: dict[str, dict[str, Any]] = {}
 
+    def servers(self) -> list[str]:
+        return list(self.servers_)
+
     def create_table(
         self,
         name: str,
