@@ -36,11 +36,11 @@ def main() -> None:
     vals = keys.astype(np.float64) * 0.5
     with ramgrid.local(servers=4, memory="2GiB") as g:
         t = g.create_table("bench", partitions=a.partitions, replication=a.replication, value_type="f64")
+        t.put_many(keys[:100_000], vals[:100_000])  # the open head (version 1) holds some too
         started = time.perf_counter()
         with t.new_version() as v:  # a sealed version, current
             v.put_many(keys, vals)
         load_s = time.perf_counter() - started
-        t.put_many(keys[:100_000], vals[:100_000])  # the open head (version 1) holds some too
         versions = 2
         least = math.ceil(a.replication * a.partitions / 5) * versions
         say(f"table: {a.keys:,} f64 keys, {a.partitions} partitions, replication {a.replication}, {versions} versions")
