@@ -439,10 +439,17 @@ impl Conn {
                 }
                 let held = held_partitions(state.cluster.read().as_ref(), &spec);
                 let name = spec.name.clone();
-                state
-                    .tables
-                    .create_table(spec, &held)
-                    .map_err(|e| refusal(&e))?;
+                let theirs = spec.clone();
+                match state.tables.create_table(spec, &held) {
+                    // Learned from a peer between the check above and here: the same table.
+                    Err(StoreError::TableExists(_))
+                        if state.tables.describe(&name).is_ok_and(|h| h.spec == theirs) =>
+                    {
+                        let _ = state.tables.clear_pending(&name);
+                        return done(out, Response::Done);
+                    }
+                    r => r.map_err(|e| refusal(&e))?,
+                }
                 if let Err(e) = state.sync_catalog(&name) {
                     // Not durable, so not created: a table that says "snapshot" must be on disk.
                     let _ = state.tables.drop_table(&name);
@@ -521,6 +528,16 @@ impl Conn {
                     Request::SetCurrent(_) => state.tables.set_current(v.table, n),
                     _ => state.tables.drop_version(v.table, n, false),
                 };
+                if let (Err(StoreError::VersionExists(_)), Request::CreateVersion(_)) = (&r, req) {
+                    // Learned from a peer between the claim above and here.
+                    if state
+                        .tables
+                        .claim_learned_version(v.table, n)
+                        .unwrap_or(false)
+                    {
+                        return done(out, Response::Done);
+                    }
+                }
                 r.map_err(|e| refusal(&e))?;
                 if let (Request::DropVersion(_), Some(p)) = (req, &state.persist) {
                     p.drop_version(&state.tables, v.table, n)
