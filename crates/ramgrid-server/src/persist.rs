@@ -348,6 +348,10 @@ impl Persist {
     }
 
     fn write_catalog(&self, c: &Catalog) -> Result<(), String> {
+        // One writer at a time: a worker's admin request and the repair thread may both rewrite
+        // a catalog, and they share its temporary name.
+        static WRITING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+        let _one = WRITING.lock();
         let dir = self.table_dir(&c.spec);
         fs::create_dir_all(&dir).map_err(|e| io_msg("cannot create", &dir, e))?;
         let path = dir.join("catalog");
