@@ -26,7 +26,6 @@ import os
 import platform
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,32 +35,16 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _server
 import ramgrid
-from ramgrid._local import server_env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from _server import free_port
 
 
 def spawn(addr: str, data: Path, log: Path) -> tuple[subprocess.Popen[bytes], float]:
-    """Starts the server; returns it and the seconds until it printed its listening line."""
-    args = [sys.executable, "-m", "ramgrid._serve", "--listen", addr, "--threads", "2", "--table-memory", "8GiB"]
-    args += ["--data-dir", str(data)]
-    out, err = log.with_suffix(".out"), log.with_suffix(".err")
-    t0 = time.perf_counter()
-    with open(out, "wb") as o, open(err, "wb") as e:
-        p = subprocess.Popen(
-            args, stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=server_env(None, parent_watch=False)
-        )
-    while b"listening on" not in out.read_bytes():
-        if p.poll() is not None:
-            raise RuntimeError(err.read_text())
-        time.sleep(0.002)
-    return p, time.perf_counter() - t0
+    """Starts the server; returns it and the seconds until it listened."""
+    return _server.spawn(addr, data, log, "8GiB")
 
 
 def writer(addr: str, table: str, w: int, batch: int, seconds: float, start: float) -> tuple[int, int]:

@@ -18,7 +18,6 @@ import datetime
 import os
 import platform
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,34 +27,18 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _server
 import ramgrid
-from ramgrid._local import server_env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from _server import free_port
 
 
 def spawn(addr: str, data: Path, log: Path) -> tuple[subprocess.Popen[bytes], float]:
-    """Starts the server; returns it and the seconds until it printed its listening line."""
-    args = [sys.executable, "-m", "ramgrid._serve", "--listen", addr, "--threads", "2", "--table-memory", "12GiB"]
+    """Starts the server with a one-server spec; returns it and the seconds until it listened."""
     spec = log.parent / "spec"
     spec.write_text(f"server {addr}\n")
-    args += ["--data-dir", str(data), "--cluster-spec", str(spec)]
-    out, err = log.with_suffix(".out"), log.with_suffix(".err")
-    t0 = time.perf_counter()
-    with open(out, "wb") as o, open(err, "wb") as e:
-        p = subprocess.Popen(
-            args, stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=server_env(None, parent_watch=False)
-        )
-    while b"listening on" not in out.read_bytes():
-        if p.poll() is not None:
-            raise RuntimeError(err.read_text())
-        time.sleep(0.002)
-    return p, time.perf_counter() - t0
+    return _server.spawn(addr, data, log, "12GiB", ["--cluster-spec", str(spec)])
 
 
 def main() -> None:
