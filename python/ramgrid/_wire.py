@@ -31,6 +31,7 @@ OPCODES = {
     "GET_SPEC": 0x21,
     "EXPORT_PARTITION": 0x22,
     "CLUSTER_STATUS": 0x23,
+    "RAFT": 0x24,
     "GET": 0x30,
     "PUT": 0x31,
     "DELETE": 0x32,
@@ -54,6 +55,7 @@ STATUSES = [
     "VERSION_NOT_SEALED",
     "UNSUPPORTED_PROTOCOL",
     "REPAIRING",
+    "NO_QUORUM",
 ]
 KEY_STATUSES = ["OK", "NOT_FOUND", "KEY_TOO_LARGE", "VALUE_TOO_LARGE", "WRONG_TYPE", "OUT_OF_MEMORY"]
 VALUE_KINDS = ["bytes", "i64", "f64", "f32vec"]
@@ -280,6 +282,8 @@ def encode_request_body(opcode: str, f: dict) -> bytes:
         return _s16(f["table"]) + _u32(f["version"])
     if opcode == "SET_SPEC":
         return _b32(bytes.fromhex(f["spec_hex"]))
+    if opcode == "RAFT":
+        return _b32(f["message"].encode())
     if opcode in ("GET", "DELETE"):
         out = _batch_head(f) + _u32(len(f["groups"]))
         for g in f["groups"]:
@@ -336,6 +340,11 @@ def decode_request_body(opcode: str, body: bytes) -> dict:
         f = {"table": r.name(), "version": r.u32("version")}
     elif opcode == "SET_SPEC":
         f = {"spec_hex": r.bytes32("spec").hex()}
+    elif opcode == "RAFT":
+        try:
+            f = {"message": r.bytes32("raft message").decode()}
+        except UnicodeDecodeError:
+            raise WireError("malformed", "raft message") from None
     elif opcode in ("GET", "DELETE", "PUT"):
         f = {
             "table": r.name(),
@@ -391,6 +400,8 @@ def encode_response_body(opcode: str, f: dict) -> bytes:
         return out + head + _b32(bytes.fromhex(f["chunk_hex"]))
     if opcode == "CLUSTER_STATUS":
         return out + _b32(f["text"].encode())
+    if opcode == "RAFT":
+        return out + _b32(f["message"].encode())
     if opcode == "GET":
         vt = f["value_type"]
         w = _width(vt)
@@ -451,6 +462,11 @@ def decode_response_body(opcode: str, body: bytes) -> dict:
             f["text"] = r.bytes32("status").decode()
         except UnicodeDecodeError:
             raise WireError("malformed", "status") from None
+    elif opcode == "RAFT":
+        try:
+            f["message"] = r.bytes32("raft reply").decode()
+        except UnicodeDecodeError:
+            raise WireError("malformed", "raft reply") from None
     elif opcode == "GET":
         f["version"] = r.u32("version")
         vt = f["value_type"] = r.value_type()

@@ -309,6 +309,7 @@ pub(crate) fn refusal(
         | Status::Internal
         | Status::VersionExists
         | Status::Repairing
+        | Status::NoQuorum
         | Status::Ok => {
             if e.status == Status::BadRequest {
                 return OpError::Fatal(Error::InvalidArgument(format!(

@@ -412,6 +412,15 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
                     }
                     // Still copying these partitions in (a restart or a move): read them from
                     // their other replicas. Not a failure of the server, which stays up.
+                    // Cut off from the cluster's metadata group: it serves nothing until a
+                    // leader reaches it again; the other replicas do.
+                    Response::Error(e) if e.status == Status::NoQuorum => {
+                        Ok(Handled::Failed(Error::Server {
+                            server: addr.clone(),
+                            status: "NO_QUORUM",
+                            message: e.message,
+                        }))
+                    }
                     Response::Error(e) if e.status == Status::Repairing => {
                         Ok(Handled::Failed(Error::Server {
                             server: addr.clone(),

@@ -188,6 +188,22 @@ where
     })
 }
 
+/// A request as it travels: with the node it is meant for, so that a process answering at an
+/// address under another id (a server restarted there without its Raft state, which is a new
+/// node) refuses what was meant for the old one instead of acting as it.
+#[derive(Serialize)]
+pub(crate) struct Envelope<'a> {
+    pub(crate) to: Option<NodeId>,
+    pub(crate) rpc: &'a Rpc,
+}
+
+/// [`Envelope`] as received.
+#[derive(Deserialize)]
+pub(crate) struct Received {
+    pub(crate) to: Option<NodeId>,
+    pub(crate) rpc: Rpc,
+}
+
 /// A request between nodes.
 #[derive(Serialize, Deserialize)]
 pub(crate) enum Rpc {
@@ -274,7 +290,14 @@ impl PeerClient {
     ) -> Result<RpcReply, RPCError<NodeId, BasicNode, E>> {
         let reply = self
             .transport
-            .call(&self.addr, encode(rpc), timeout)
+            .call(
+                &self.addr,
+                encode(&Envelope {
+                    to: Some(self.target),
+                    rpc,
+                }),
+                timeout,
+            )
             .await
             .map_err(|e| match e {
                 TransportError::Unreachable { .. } => RPCError::Unreachable(Unreachable::new(&e)),

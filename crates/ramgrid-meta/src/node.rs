@@ -13,8 +13,8 @@ use tokio::time::Instant;
 use crate::error::MetaError;
 use crate::log::LogStore;
 use crate::network::{
-    encode, serve_tcp, NetworkFactory, Rpc, RpcReply, TcpTransport, Transport, TransportError,
-    Write,
+    encode, serve_tcp, Envelope, NetworkFactory, Received, Rpc, RpcReply, TcpTransport, Transport,
+    TransportError, Write,
 };
 use crate::sm::StateMachineStore;
 use crate::state::{Member, MetaCommand, MetaReply, MetaState, NodeId};
@@ -114,6 +114,8 @@ struct Inner {
     transport: Arc<dyn Transport>,
     propose_timeout: Duration,
     listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// When a leader's AppendEntries (a heartbeat or entries) last reached this node.
+    heard_leader: Mutex<Option<Instant>>,
 }
 
 /// How long to wait before asking again for a leader (one is being elected, or a forwarded
@@ -185,6 +187,7 @@ impl MetaNode {
                 transport,
                 propose_timeout: Duration::from_millis(config.propose_timeout_ms),
                 listener: Mutex::new(None),
+                heard_leader: Mutex::new(None),
             }),
         })
     }
@@ -328,6 +331,27 @@ impl MetaNode {
         }
     }
 
+    /// How long since this node last knew that a leader held a majority: for the leader, since
+    /// a majority last acknowledged it; for a follower, since the leader last reached it.
+    /// `None` when it never knew one (a node not yet in a group, or cut off since it started).
+    pub fn quorum_age(&self) -> Option<Duration> {
+        let m = self.inner.raft.metrics().borrow().clone();
+        if m.current_leader == Some(self.inner.id) {
+            return m.millis_since_quorum_ack.map(Duration::from_millis);
+        }
+        let heard = *self
+            .inner
+            .heard_leader
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        heard.map(|t| t.elapsed())
+    }
+
+    /// Whether this node is the leader (as far as it knows).
+    pub fn is_leader(&self) -> bool {
+        self.inner.raft.metrics().borrow().current_leader == Some(self.inner.id)
+    }
+
     /// The number of log entries this node holds (they are purged after snapshots).
     pub fn log_len(&self) -> usize {
         self.inner.log.len()
@@ -362,8 +386,14 @@ impl MetaNode {
     /// Serve one request from a peer: the receiving end of [`Transport::call`]. Never fails:
     /// errors are encoded in the reply.
     pub async fn handle_rpc(&self, request: &[u8]) -> Vec<u8> {
-        let rpc: Rpc = match serde_json::from_slice(request) {
-            Ok(r) => r,
+        let rpc: Rpc = match serde_json::from_slice::<Received>(request) {
+            Ok(Received { to: Some(to), .. }) if to != self.inner.id => {
+                return encode(&RpcReply::Malformed(format!(
+                    "meant for node {to}, this is node {}",
+                    self.inner.id
+                )))
+            }
+            Ok(r) => r.rpc,
             Err(e) => return encode(&RpcReply::Malformed(e.to_string())),
         };
         let raft = &self.inner.raft;
@@ -383,7 +413,17 @@ impl MetaNode {
                     self.inner.id
                 ))
             }
-            Rpc::AppendEntries(r) => RpcReply::AppendEntries(raft.append_entries(r).await),
+            Rpc::AppendEntries(r) => {
+                let reply = raft.append_entries(r).await;
+                if reply.is_ok() {
+                    *self
+                        .inner
+                        .heard_leader
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+                }
+                RpcReply::AppendEntries(reply)
+            }
             Rpc::Vote(r) => RpcReply::Vote(raft.vote(r).await),
             Rpc::InstallSnapshot(r) => RpcReply::InstallSnapshot(raft.install_snapshot(r).await),
             Rpc::Forward { write, timeout_ms } => {
@@ -529,7 +569,12 @@ impl MetaNode {
         deadline: Instant,
     ) -> Result<RpcReply, TransportError> {
         let left = deadline.saturating_duration_since(Instant::now());
-        let bytes = self.inner.transport.call(addr, encode(rpc), left).await?;
+        let envelope = Envelope { to: None, rpc };
+        let bytes = self
+            .inner
+            .transport
+            .call(addr, encode(&envelope), left)
+            .await?;
         serde_json::from_slice(&bytes).map_err(|e| TransportError::Io {
             addr: addr.to_owned(),
             reason: format!("undecodable reply: {e}"),

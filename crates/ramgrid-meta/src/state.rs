@@ -56,6 +56,15 @@ pub struct MetaState {
     pub down: BTreeSet<String>,
     /// The table catalog by name.
     pub tables: BTreeMap<String, TableMeta>,
+    /// Servers the failure detector took out of the spec ([`MetaCommand::FailOver`]) that have
+    /// not come back yet; they rejoin ([`MetaCommand::Rejoin`]) once they answer again.
+    #[serde(default)]
+    pub failed: BTreeSet<String>,
+    /// How many times each server was failed over, ever. A server that sees its count rise
+    /// knows it was out of the spec, even if it sees only the state after its rejoin, and
+    /// copies in everything it holds again (what it had may have missed writes).
+    #[serde(default)]
+    pub failures: BTreeMap<String, u64>,
 }
 
 /// A change to the metadata, proposed through Raft and applied on every node.
@@ -91,6 +100,19 @@ pub enum MetaCommand {
     /// `addr` is serving again.
     MarkUp {
         /// The server.
+        addr: String,
+    },
+    /// The failure detector found `addr` unreachable: take it out of the serving spec (its
+    /// partitions' replica lists move to live servers, which copy them in from the survivors)
+    /// and remember it in `failed`. Refused during a transition and for the last server.
+    FailOver {
+        /// A server of the spec.
+        addr: String,
+    },
+    /// A failed-over server answers again: put it back at the end of the spec (it copies in
+    /// everything it holds before serving it).
+    Rejoin {
+        /// A server of `failed`.
         addr: String,
     },
     /// Create a table.
@@ -297,6 +319,34 @@ impl MetaState {
                 self.down.remove(addr);
                 Ok(MetaReply::Done)
             }
+            MetaCommand::FailOver { addr } => {
+                if let Some(t) = &self.transition {
+                    return Err(in_progress(t));
+                }
+                if !self.servers.iter().any(|s| s == addr) {
+                    return Err(MetaRefusal::UnknownServer { addr: addr.clone() });
+                }
+                if self.servers.len() < 2 {
+                    return Err(MetaRefusal::InvalidServers {
+                        reason: format!("{addr} is the last server"),
+                    });
+                }
+                self.servers.retain(|s| s != addr);
+                self.failed.insert(addr.clone());
+                *self.failures.entry(addr.clone()).or_default() += 1;
+                self.prune_down();
+                Ok(MetaReply::Epoch(self.epoch()))
+            }
+            MetaCommand::Rejoin { addr } => {
+                if let Some(t) = &self.transition {
+                    return Err(in_progress(t));
+                }
+                if !self.failed.remove(addr) {
+                    return Err(MetaRefusal::UnknownServer { addr: addr.clone() });
+                }
+                self.servers.push(addr.clone());
+                Ok(MetaReply::Epoch(self.epoch()))
+            }
             MetaCommand::CreateTable {
                 name,
                 incarnation,
@@ -373,6 +423,9 @@ impl MetaState {
     fn prune_down(&mut self) {
         let down = std::mem::take(&mut self.down);
         self.down = down.into_iter().filter(|a| self.is_server(a)).collect();
+        // A failed server put back by hand is no longer waiting to rejoin.
+        let failed = std::mem::take(&mut self.failed);
+        self.failed = failed.into_iter().filter(|a| !self.is_server(a)).collect();
     }
 
     fn table_mut(&mut self, name: &str, incarnation: u64) -> Result<&mut TableMeta, MetaRefusal> {
@@ -568,6 +621,47 @@ mod tests {
             run(&mut st, begin(&[], "ops")),
             Err(MetaRefusal::InvalidServers { .. })
         ));
+    }
+
+    #[test]
+    fn fail_over_takes_a_server_out_and_rejoin_puts_it_back_counted() {
+        let mut st = MetaState::default();
+        run(&mut st, set(&["a:1", "b:2", "c:3"], None)).unwrap();
+        let fail = |a: &str| MetaCommand::FailOver { addr: a.into() };
+        let rejoin = |a: &str| MetaCommand::Rejoin { addr: a.into() };
+        let e = ramgrid_proto::cluster::epoch_of(&["a:1", "c:3"]);
+        assert_eq!(run(&mut st, fail("b:2")), Ok(MetaReply::Epoch(e)));
+        assert_eq!(st.servers, list(&["a:1", "c:3"]));
+        assert!(st.failed.contains("b:2"));
+        assert_eq!(st.failures.get("b:2"), Some(&1));
+        // Not a server any more, and unknown servers are refused.
+        assert!(run(&mut st, fail("b:2")).is_err());
+        assert!(run(&mut st, rejoin("z:9")).is_err());
+        // No fail-over or rejoin under a transition.
+        run(
+            &mut st,
+            MetaCommand::BeginTransition {
+                target: list(&["a:1"]),
+                by: "t".into(),
+            },
+        )
+        .unwrap();
+        assert!(run(&mut st, fail("a:1")).is_err());
+        assert!(run(&mut st, rejoin("b:2")).is_err());
+        run(&mut st, MetaCommand::AbortTransition).unwrap();
+        let e = ramgrid_proto::cluster::epoch_of(&["a:1", "c:3", "b:2"]);
+        assert_eq!(run(&mut st, rejoin("b:2")), Ok(MetaReply::Epoch(e)));
+        assert!(st.failed.is_empty());
+        // The count stays: a server seeing it rise knows it was out.
+        assert_eq!(st.failures.get("b:2"), Some(&1));
+        // Never the last server.
+        run(&mut st, set(&["a:1"], None)).unwrap();
+        assert!(run(&mut st, fail("a:1")).is_err());
+        // A failed server put back by hand is no longer waiting to rejoin.
+        run(&mut st, set(&["a:1", "b:2"], None)).unwrap();
+        run(&mut st, fail("b:2")).unwrap();
+        run(&mut st, set(&["a:1", "b:2"], None)).unwrap();
+        assert!(st.failed.is_empty());
     }
 
     #[test]

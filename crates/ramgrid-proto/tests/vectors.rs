@@ -266,6 +266,9 @@ fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
                 Opcode::SetSpec => Request::SetSpec { spec: &spec },
                 Opcode::GetSpec => Request::GetSpec,
                 Opcode::ClusterStatus => Request::ClusterStatus,
+                Opcode::Raft => Request::Raft {
+                    message: s(&f["message"]).as_bytes(),
+                },
                 Opcode::ExportPartition => Request::ExportPartition(ExportRequest {
                     table: s(&f["table"]),
                     incarnation: u(&f["incarnation"]),
@@ -360,6 +363,7 @@ fn encode_response(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
             chunk: &chunk,
         }),
         Opcode::ClusterStatus => Response::Status(s(&f["text"])),
+        Opcode::Raft => Response::Raft(s(&f["message"]).as_bytes()),
         _ => Response::Done,
     };
     resp.encode(&mut out, op, id).unwrap();
@@ -386,6 +390,9 @@ fn request_json(req: &Request<'_>) -> Value {
         Request::Ping | Request::ListTables | Request::GetSpec | Request::ClusterStatus => {
             json!({})
         }
+        Request::Raft { message } => json!({
+            "message": std::str::from_utf8(message).expect("RAFT vectors carry text"),
+        }),
         Request::ExportPartition(x) => json!({
             "table": x.table, "incarnation": x.incarnation, "version": x.version,
             "partition": x.partition, "epoch": x.epoch, "export_id": x.export_id,
@@ -462,6 +469,12 @@ fn response_json(resp: &Response<'_>) -> Value {
         }
         Response::Status(text) => {
             put("text", json!(text));
+        }
+        Response::Raft(m) => {
+            put(
+                "message",
+                json!(std::str::from_utf8(m).expect("RAFT vectors carry text")),
+            );
         }
         Response::SpecSet { epoch } => {
             put("epoch", json!(epoch));

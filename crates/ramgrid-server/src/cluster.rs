@@ -66,15 +66,44 @@ pub fn held_partitions(cluster: Option<&ClusterState>, table: &TableSpec) -> Vec
 /// partitions to their new states. Refused: a spec that does not list this server, and a move
 /// while another move (to other servers) is in progress.
 pub fn install_spec(state: &NativeState, spec: ClusterSpec) -> Result<u64, String> {
-    let index = spec.index_of(&state.server_id).map(|i| i as u32);
-    if index.is_none() {
+    if spec.index_of(&state.server_id).is_none() {
         return Err(format!(
             "this server ({}) is not listed in the spec",
             state.server_id
         ));
     }
+    install(state, spec, false)
+}
+
+/// Installs a spec the metadata group committed (meta/mod.rs). Unlike [`install_spec`], one
+/// that does not list this server is installed too: the server was failed over or removed, so
+/// it holds nothing and refuses everything (NOT_OWNER) until a spec lists it again. With
+/// `forget`, this server was failed over since it last looked: everything it held is dropped
+/// first, so that what the new spec gives it is copied in again (it may have missed writes).
+pub fn install_committed(
+    state: &NativeState,
+    spec: ClusterSpec,
+    forget: bool,
+) -> Result<u64, String> {
+    install(state, spec, forget)
+}
+
+fn install(state: &NativeState, spec: ClusterSpec, forget: bool) -> Result<u64, String> {
+    let index = spec.index_of(&state.server_id).map(|i| i as u32);
     let epoch = spec.epoch();
     let mut cluster = state.cluster.write();
+    if forget {
+        // Under the write lock: no request runs meanwhile.
+        for name in state.tables.list() {
+            if let Ok(info) = state.tables.describe(&name) {
+                let _ = state.tables.release_partitions(&name, &info.held);
+                let _ = state.tables.set_held_partitions(&name, &[]);
+            }
+        }
+        if let Some(c) = cluster.as_mut() {
+            c.epoch = 0; // Not the same spec any more, whatever `spec` is.
+        }
+    }
     let old = cluster.clone();
     if let (Some(o), Some(next)) = (&old, spec.next()) {
         if let Some(busy) = o.spec.next() {
@@ -129,10 +158,10 @@ pub fn install_spec(state: &NativeState, spec: ClusterSpec) -> Result<u64, Strin
         }
     }
     let first = old.is_none();
-    let joining = !spec.servers().contains(&state.server_id);
+    let joining = index.is_some() && !spec.servers().contains(&state.server_id);
     *cluster = Some(new);
     drop(cluster);
-    if first || joining {
+    if first || joining || forget {
         // Learn the tables this server lacks from its peers, then copy what is pending.
         state.repair.needs_catalog.store(true, Ordering::Release);
     }
@@ -203,6 +232,9 @@ pub fn status_text(state: &NativeState) -> String {
                 );
             }
         }
+    }
+    if let Some(meta) = state.meta.get() {
+        meta.status_lines(&mut s);
     }
     let r = &state.repair;
     let _ = writeln!(s, "pending_partitions {pending_parts}");

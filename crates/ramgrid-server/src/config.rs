@@ -62,6 +62,11 @@ pub struct Config {
     /// their replicas before serving them (docs/ARCHITECTURE.md, "Membership and repair").
     #[arg(long, env = "RAMGRID_JOIN", value_delimiter = ',')]
     pub join: Vec<String>,
+    /// How long a server may fail to answer the metadata group's leader before it is failed
+    /// over (taken out of the spec, its partitions re-replicated from their other replicas). A
+    /// server cut off from the group stops serving one second sooner (its lease).
+    #[arg(long, default_value_t = 5000, env = "RAMGRID_FAILURE_TIMEOUT_MS")]
+    pub failure_timeout_ms: u64,
     /// Auth token: native clients present it in HELLO, memcached clients as the password of memcached's
     /// text-protocol authentication. Required to listen on a non-loopback address; never empty.
     #[arg(long, env = "RAMGRID_TOKEN", hide_env_values = true)]

@@ -60,6 +60,8 @@ pub struct NativeState {
     pub repair: crate::repair::RepairState,
     /// Partition images being copied out to peers (export.rs).
     pub exports: crate::export::Exports,
+    /// This server's member of the metadata group (meta/mod.rs), once started.
+    pub meta: std::sync::OnceLock<Arc<crate::meta::Meta>>,
 }
 
 impl NativeState {
@@ -74,6 +76,14 @@ impl NativeState {
     /// Installs `spec` (from `--cluster-spec`, SET_SPEC or a peer): see `cluster.rs`.
     pub fn install_spec(&self, spec: ClusterSpec) -> Result<u64, String> {
         crate::cluster::install_spec(self, spec)
+    }
+
+    /// NO_QUORUM while this server is cut off from the metadata group (meta/mod.rs).
+    pub fn check_quorum(&self) -> Result<(), ErrorReply> {
+        match self.meta.get() {
+            Some(m) => m.check_quorum(),
+            None => Ok(()),
+        }
     }
 
     fn epoch(&self) -> u64 {
@@ -161,7 +171,37 @@ pub async fn serve(
                         _ => state.max_body,
                     };
                     let before = out.len();
-                    conn.handle(state, frame.opcode, frame.request_id, &req, &mut out, room);
+                    let meta = state.meta.get().filter(|_| conn.authed);
+                    match (&req, meta) {
+                        // Requests the metadata group answers, on its runtime.
+                        (Request::Raft { message }, Some(m)) => {
+                            let reply = m.handle_rpc(message.to_vec()).await;
+                            let _ = Response::Raft(&reply).encode(
+                                &mut out,
+                                frame.opcode,
+                                frame.request_id,
+                            );
+                        }
+                        (Request::SetSpec { spec }, Some(m)) => {
+                            let r = match ClusterSpec::parse_bytes(spec) {
+                                Ok(spec) => m.set_spec(state, spec).await,
+                                Err(e) => Err(ErrorReply::new(Status::BadRequest, e.to_string())),
+                            };
+                            let _ = match r {
+                                Ok(epoch) => Response::SpecSet { epoch }.encode(
+                                    &mut out,
+                                    frame.opcode,
+                                    frame.request_id,
+                                ),
+                                Err(e) => {
+                                    wire::encode_error(&mut out, frame.opcode, frame.request_id, &e)
+                                }
+                            };
+                        }
+                        _ => {
+                            conn.handle(state, frame.opcode, frame.request_id, &req, &mut out, room)
+                        }
+                    }
                     // A write to a log table is answered only once its log records are on disk
                     // (wal.rs); the wait lets this worker's other connections go on.
                     if let Some((log, ticket)) = conn.commit.take() {
@@ -409,7 +449,12 @@ impl Conn {
         }
         match req {
             Request::Hello(_) | Request::Ping => unreachable!("answered above"),
+            Request::Raft { .. } => Err(ErrorReply::new(
+                Status::BadRequest,
+                "this server runs no metadata group",
+            )),
             Request::CreateTable(c) => {
+                state.check_quorum()?;
                 if c.partitions == 0 || c.partitions > tables::MAX_PARTITIONS {
                     return Err(ErrorReply::new(
                         Status::BadRequest,
@@ -458,6 +503,7 @@ impl Conn {
                 done(out, Response::Done)
             }
             Request::DropTable { name } => {
+                state.check_quorum()?;
                 if let (Some(p), Ok(info)) = (&state.persist, state.tables.describe(name)) {
                     p.drop_table(&info.spec).map_err(disk_refusal)?;
                 }
@@ -482,6 +528,7 @@ impl Conn {
             | Request::SealVersion(v)
             | Request::SetCurrent(v)
             | Request::DropVersion(v) => {
+                state.check_quorum()?;
                 if v.version == 0 {
                     return Err(ErrorReply::new(
                         Status::BadRequest,
@@ -586,6 +633,7 @@ impl Conn {
             }
             Request::Get(b) => {
                 check_epoch(&state.cluster.read(), b.epoch, false)?;
+                state.check_quorum()?;
                 // Resolve the version once: every group of this frame reads that one version.
                 let tv = state
                     .tables
@@ -626,6 +674,7 @@ impl Conn {
                 // Held until the write is done: a spec change waits for it (cluster.rs).
                 let cluster = state.cluster.read();
                 check_epoch(&cluster, p.epoch, true)?;
+                state.check_quorum()?;
                 let tv = writable(
                     state,
                     p.table,
@@ -659,6 +708,7 @@ impl Conn {
             Request::Delete(b) => {
                 let cluster = state.cluster.read();
                 check_epoch(&cluster, b.epoch, true)?;
+                state.check_quorum()?;
                 let tv = writable(
                     state,
                     b.table,

@@ -62,6 +62,9 @@ impl ServerHandle {
     pub fn shutdown(self) {
         self.stopping.store(true, Ordering::SeqCst);
         self.native.repair.wake();
+        if let Some(m) = self.native.meta.get() {
+            m.shutdown();
+        }
         let _ = self.stop.send(true);
         // Wake the blocking accept() so the acceptor sees the flag.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
@@ -149,7 +152,14 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         },
         repair: crate::repair::RepairState::new(config.join.clone()),
         exports: Default::default(),
+        meta: Default::default(),
     });
+    let meta = crate::meta::start(
+        &native,
+        config.data_dir.as_deref(),
+        Duration::from_millis(config.failure_timeout_ms.max(1000)),
+    )?;
+    let _ = native.meta.set(meta);
     if let Some(path) = &config.cluster_spec {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read cluster spec {}", path.display()))?;

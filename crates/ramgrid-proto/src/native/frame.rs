@@ -55,6 +55,8 @@ pub enum Opcode {
     ExportPartition = 0x22,
     /// This server's view of membership and repair, as `key value` text lines.
     ClusterStatus = 0x23,
+    /// One message of the cluster's Raft group (server to server; the body is opaque here).
+    Raft = 0x24,
     /// Batched read.
     Get = 0x30,
     /// Batched write.
@@ -65,7 +67,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every assigned opcode, in wire order.
-    pub const ALL: [Opcode; 17] = [
+    pub const ALL: [Opcode; 18] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::CreateTable,
@@ -80,6 +82,7 @@ impl Opcode {
         Opcode::GetSpec,
         Opcode::ExportPartition,
         Opcode::ClusterStatus,
+        Opcode::Raft,
         Opcode::Get,
         Opcode::Put,
         Opcode::Delete,
@@ -107,6 +110,7 @@ impl Opcode {
             Opcode::GetSpec => "GET_SPEC",
             Opcode::ExportPartition => "EXPORT_PARTITION",
             Opcode::ClusterStatus => "CLUSTER_STATUS",
+            Opcode::Raft => "RAFT",
             Opcode::Get => "GET",
             Opcode::Put => "PUT",
             Opcode::Delete => "DELETE",

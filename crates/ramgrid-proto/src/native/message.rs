@@ -50,6 +50,11 @@ pub enum Request<'a> {
     ExportPartition(ExportRequest<'a>),
     /// CLUSTER_STATUS (empty body).
     ClusterStatus,
+    /// RAFT: one message of the metadata group, opaque to the protocol.
+    Raft {
+        /// The message (`ramgrid_meta`'s encoding).
+        message: &'a [u8],
+    },
     /// GET.
     Get(KeyBatch<'a>),
     /// PUT.
@@ -97,6 +102,9 @@ impl<'a> Request<'a> {
             Opcode::GetSpec => Request::GetSpec,
             Opcode::ExportPartition => Request::ExportPartition(ExportRequest::read(&mut r)?),
             Opcode::ClusterStatus => Request::ClusterStatus,
+            Opcode::Raft => Request::Raft {
+                message: r.bytes32("raft message")?,
+            },
             Opcode::Get | Opcode::Put | Opcode::Delete => unreachable!("handled above"),
         };
         r.finish()?;
@@ -120,6 +128,7 @@ impl<'a> Request<'a> {
             Request::GetSpec => Opcode::GetSpec,
             Request::ExportPartition(_) => Opcode::ExportPartition,
             Request::ClusterStatus => Opcode::ClusterStatus,
+            Request::Raft { .. } => Opcode::Raft,
             Request::Get(_) => Opcode::Get,
             Request::Put(_) => Opcode::Put,
             Request::Delete(_) => Opcode::Delete,
@@ -146,6 +155,9 @@ impl<'a> Request<'a> {
             | Request::SetCurrent(v)
             | Request::DropVersion(v) => v.write(out)?,
             Request::SetSpec { spec } => wire::put_bytes32(out, spec, "spec over 4 GiB")?,
+            Request::Raft { message } => {
+                wire::put_bytes32(out, message, "raft message over 4 GiB")?
+            }
             Request::Get(b) | Request::Delete(b) => b.write_body(out)?,
             Request::Put(b) => b.write_body(out)?,
         }
@@ -178,6 +190,8 @@ pub enum Response<'a> {
     Export(ExportChunk<'a>),
     /// OK to CLUSTER_STATUS: `key value` lines.
     Status(&'a str),
+    /// OK to RAFT: the reply message.
+    Raft(&'a [u8]),
     /// OK to GET.
     Get(GetReply<'a>),
     /// OK to PUT or DELETE.
@@ -232,6 +246,7 @@ impl<'a> Response<'a> {
                 }),
                 Opcode::ExportPartition => Response::Export(ExportChunk::read(&mut r)?),
                 Opcode::ClusterStatus => Response::Status(r.str32("status")?),
+                Opcode::Raft => Response::Raft(r.bytes32("raft reply")?),
                 Opcode::Get => Response::Get(GetReply::read(&mut r)?),
                 Opcode::Put | Opcode::Delete => Response::KeyStatuses(KeyStatuses::read(&mut r)?),
             }
@@ -262,6 +277,7 @@ impl<'a> Response<'a> {
             Response::Spec(_) => opcode == O::GetSpec,
             Response::Export(_) => opcode == O::ExportPartition,
             Response::Status(_) => opcode == O::ClusterStatus,
+            Response::Raft(_) => opcode == O::Raft,
             Response::Get(_) => opcode == O::Get,
             Response::KeyStatuses(_) => matches!(opcode, O::Put | O::Delete),
         }
@@ -306,6 +322,7 @@ impl<'a> Response<'a> {
             }
             Response::Export(x) => x.write(out)?,
             Response::Status(text) => wire::put_bytes32(out, text.as_bytes(), "status over 4 GiB")?,
+            Response::Raft(m) => wire::put_bytes32(out, m, "raft reply over 4 GiB")?,
             Response::Get(g) => g.write(out)?,
             Response::KeyStatuses(k) => k.write(out)?,
         }

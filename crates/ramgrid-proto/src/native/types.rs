@@ -50,11 +50,15 @@ pub enum Status {
     /// The server holds these partitions but is still copying them from a replica (it restarted,
     /// or they are moving to it): read them elsewhere. The reply lists them, as NOT_OWNER does.
     Repairing = 16,
+    /// The server is cut off from the cluster's metadata group (no leader with a majority has
+    /// reached it within its lease): it takes no write and serves no read, so that nothing is
+    /// done under an assignment the majority may have changed. Go to another replica.
+    NoQuorum = 17,
 }
 
 impl Status {
     /// Every status, in wire order.
-    pub const ALL: [Status; 17] = [
+    pub const ALL: [Status; 18] = [
         Status::Ok,
         Status::WrongEpoch,
         Status::NotOwner,
@@ -72,6 +76,7 @@ impl Status {
         Status::VersionNotSealed,
         Status::UnsupportedProtocol,
         Status::Repairing,
+        Status::NoQuorum,
     ];
 
     /// The status for a wire byte.
@@ -99,6 +104,7 @@ impl Status {
             Status::VersionNotSealed => "VERSION_NOT_SEALED",
             Status::UnsupportedProtocol => "UNSUPPORTED_PROTOCOL",
             Status::Repairing => "REPAIRING",
+            Status::NoQuorum => "NO_QUORUM",
         }
     }
 

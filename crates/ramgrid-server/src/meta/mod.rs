@@ -1,0 +1,501 @@
+//! The cluster's agreed state on this server: a member of the metadata Raft group
+//! (`ramgrid_meta`), whose committed spec every server installs, and the lease that keeps a
+//! server cut off from the group from serving (docs/ARCHITECTURE.md, "Control plane").
+//!
+//! 1. **Forming the group.** A server starts outside any group. The first server of the first
+//!    spec it is given (`--cluster-spec` or SET_SPEC) forms one, alone, once every other server
+//!    of that spec answers and is in no group; it then proposes the spec, and as leader adds
+//!    the others (learners first, then up to three voters; `leader.rs`). A server restarted
+//!    without its Raft state (no `--data-dir`) is a new node under a new id, added back the same
+//!    way; messages meant for its old id are refused.
+//! 2. **The spec is what the group committed.** SET_SPEC on a member becomes a proposal (begin,
+//!    complete or abort a move; the first spec), and every member installs each committed spec
+//!    (`cluster::install_committed`). A plain spec that differs from the agreed one is refused
+//!    with WRONG_EPOCH: membership changes are moves (`ramgrid cluster add|remove`) or the
+//!    failure detector's fail-overs, never a client's overwrite. A server outside the group
+//!    installs what it is given, as before the group existed, until the group adds it.
+//! 3. **The lease.** A member serves (reads, writes, catalog changes) only while it knows that
+//!    a leader with a majority reached it within the lease (`failure_timeout - 1 s`), and
+//!    after any gap longer than that (a pause, a partition) only once it has read the group's
+//!    state through the leader and installed it. The leader fails a server over only after
+//!    `failure_timeout` without an answer, so a cut-off server has stopped serving before its
+//!    partitions are given to others: nothing is acknowledged under an assignment the majority
+//!    has replaced.
+
+mod leader;
+pub mod transport;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use ramgrid_meta::{MetaCommand, MetaConfig, MetaError, MetaNode, MetaState, NodeId};
+use ramgrid_proto::cluster::ClusterSpec;
+use ramgrid_proto::native::{ErrorReply, Status};
+use tokio::time::Instant;
+
+use crate::native::NativeState;
+use transport::Pool;
+
+/// How often the keeper looks at the lease, the group and (on the leader) the servers.
+const TICK: Duration = Duration::from_millis(100);
+/// How long a SET_SPEC waits for the committed spec to be installed here.
+const INSTALL_WAIT: Duration = Duration::from_secs(5);
+
+/// This server's member of the metadata group.
+pub struct Meta {
+    node: MetaNode,
+    rt: tokio::runtime::Handle,
+    pool: Arc<Pool>,
+    server_id: String,
+    failure_timeout: Duration,
+    lease: Duration,
+    /// When the lease clock started; `contact_ms` counts from it.
+    base: Instant,
+    /// The last time (ms after `base`) a leader with a majority was known to reach this node.
+    contact_ms: AtomicU64,
+    /// Whether this node is in a group (cached for the request path).
+    member: AtomicBool,
+    /// Set after a gap longer than the lease: serve nothing until caught up.
+    stale: AtomicBool,
+    /// This server's failure count as last seen in the state (None before the first).
+    seen_failures: Mutex<Option<u64>>,
+    /// Fail-overs and rejoins this node proposed as leader, and their last outcome.
+    pub(crate) events: leader::Events,
+    stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// Starts this server's member, its runtime (two threads of its own) and its tasks.
+pub fn start(
+    state: &Arc<NativeState>,
+    data_dir: Option<&std::path::Path>,
+    failure_timeout: Duration,
+) -> anyhow::Result<Arc<Meta>> {
+    let dir = match data_dir {
+        Some(d) => {
+            let dir = d.join("meta");
+            std::fs::create_dir_all(&dir)?;
+            Some(dir)
+        }
+        None => None,
+    };
+    let id = node_id(dir.as_deref(), &state.server_id)?;
+    let mut config = MetaConfig::new(id, state.server_id.clone());
+    config.dir = dir;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ramgrid-meta")
+        .enable_all()
+        .build()?;
+    let handle = rt.handle().clone();
+    let pool = Arc::new(Pool::new(state.token.clone()));
+    let node = {
+        let (h, pool) = (handle.clone(), pool.clone());
+        // On a thread of its own: the caller may itself be inside a runtime (tests).
+        std::thread::spawn(move || h.block_on(MetaNode::start_with(config, pool)))
+            .join()
+            .map_err(|_| anyhow::anyhow!("the metadata node panicked while starting"))?
+            .map_err(|e| anyhow::anyhow!("metadata node: {e}"))?
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("ramgrid-meta-rt".into())
+        .spawn(move || {
+            rt.block_on(async {
+                let _ = stop_rx.await;
+            });
+            rt.shutdown_timeout(Duration::from_secs(1));
+        })?;
+    let lease = failure_timeout
+        .saturating_sub(Duration::from_secs(1))
+        .max(failure_timeout / 2);
+    let meta = Arc::new(Meta {
+        node,
+        rt: handle.clone(),
+        pool,
+        server_id: state.server_id.clone(),
+        failure_timeout,
+        lease,
+        base: Instant::now(),
+        contact_ms: AtomicU64::new(0),
+        member: AtomicBool::new(false),
+        stale: AtomicBool::new(false),
+        seen_failures: Mutex::new(None),
+        events: Default::default(),
+        stop: Mutex::new(Some(stop_tx)),
+        thread: Mutex::new(Some(thread)),
+    });
+    handle.spawn(watch_task(Arc::downgrade(state), meta.clone()));
+    handle.spawn(keeper_task(Arc::downgrade(state), meta.clone()));
+    Ok(meta)
+}
+
+/// The node id: kept in the Raft directory for its life; without one, new at every start (a
+/// server restarted without its Raft state must not vote as the node it was).
+fn node_id(dir: Option<&std::path::Path>, addr: &str) -> anyhow::Result<NodeId> {
+    let fresh = || {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let seed = format!("{addr}/{}/{nanos}", std::process::id());
+        // Never 0 (openraft reserves nothing, but 0 reads as "unset" in status lines).
+        xxhash_rust::xxh3::xxh3_64(seed.as_bytes()).max(1)
+    };
+    let Some(dir) = dir else {
+        return Ok(fresh());
+    };
+    let path = dir.join("node_id");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => text
+            .trim()
+            .parse()
+            .map_err(|e| anyhow::anyhow!("{}: not a node id: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let id = fresh();
+            let tmp = dir.join("node_id.tmp");
+            std::fs::write(&tmp, format!("{id}\n"))?;
+            std::fs::File::open(&tmp)?.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            Ok(id)
+        }
+        Err(e) => Err(anyhow::anyhow!("{}: {e}", path.display())),
+    }
+}
+
+impl Meta {
+    /// Stops the tasks and the runtime (in-process servers; a killed process just dies).
+    pub fn shutdown(&self) {
+        if let Some(tx) = self.stop.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Refuses with NO_QUORUM while this server is in a group but cut off from it (module
+    /// docs, 3). Cheap: two atomics.
+    pub fn check_quorum(&self) -> Result<(), ErrorReply> {
+        if !self.member.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if self.stale.load(Ordering::Acquire) {
+            return Err(no_quorum(
+                "catching up with the cluster after being cut off",
+            ));
+        }
+        if self.contact_age() > self.lease {
+            return Err(no_quorum(&format!(
+                "no leader with a majority has reached this server for {} ms",
+                self.contact_age().as_millis()
+            )));
+        }
+        Ok(())
+    }
+
+    fn contact_age(&self) -> Duration {
+        let now = self.base.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.contact_ms.load(Ordering::Acquire)))
+    }
+
+    fn touch(&self, at: Instant) {
+        let ms = at.saturating_duration_since(self.base).as_millis() as u64;
+        self.contact_ms.fetch_max(ms, Ordering::AcqRel);
+    }
+
+    /// Serves one RAFT message from a peer (on the metadata runtime).
+    pub async fn handle_rpc(self: &Arc<Self>, message: Vec<u8>) -> Vec<u8> {
+        // A leader reaching us after a gap longer than the lease: what we hold may be behind.
+        if self.member.load(Ordering::Acquire) && self.contact_age() > self.lease {
+            self.stale.store(true, Ordering::Release);
+        }
+        let node = self.node.clone();
+        match self
+            .rt
+            .spawn(async move { node.handle_rpc(&message).await })
+            .await
+        {
+            Ok(reply) => reply,
+            Err(e) => format!("{{\"Malformed\":\"{e}\"}}").into_bytes(),
+        }
+    }
+
+    /// SET_SPEC: a proposal on a member, a plain install outside any group (module docs, 2).
+    pub async fn set_spec(
+        self: &Arc<Self>,
+        state: &NativeState,
+        spec: ClusterSpec,
+    ) -> Result<u64, ErrorReply> {
+        if !self.member.load(Ordering::Acquire) && !self.is_member() {
+            return state
+                .install_spec(spec)
+                .map_err(|e| ErrorReply::new(Status::BadRequest, e));
+        }
+        self.check_quorum()?;
+        let ms = self.node.state();
+        let epoch = spec.epoch();
+        if let Some(cmd) = command_for(&ms, &spec)? {
+            let node = self.node.clone();
+            let outcome = self
+                .rt
+                .spawn(async move { node.propose(cmd).await })
+                .await
+                .map_err(|e| ErrorReply::new(Status::Internal, e.to_string()))?;
+            match outcome {
+                Ok(_) => {}
+                Err(MetaError::Refused(r)) => {
+                    return Err(ErrorReply::new(Status::BadRequest, r.to_string()))
+                }
+                Err(e @ MetaError::NoQuorum { .. }) => return Err(no_quorum(&e.to_string())),
+                Err(e) => return Err(ErrorReply::new(Status::Internal, e.to_string())),
+            }
+        }
+        // Answer once this server runs the committed spec.
+        let deadline = Instant::now() + INSTALL_WAIT;
+        while state.cluster.read().as_ref().map(|c| c.epoch) != Some(epoch) {
+            if Instant::now() > deadline {
+                return Err(ErrorReply::new(
+                    Status::Internal,
+                    "the spec was committed but is not installed here yet",
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(epoch)
+    }
+
+    fn is_member(&self) -> bool {
+        let s = self.node.status();
+        s.members.contains_key(&s.id)
+    }
+
+    /// CLUSTER_STATUS lines about the group.
+    pub fn status_lines(&self, out: &mut String) {
+        use std::fmt::Write;
+        let s = self.node.status();
+        let ms = self.node.state();
+        let _ = writeln!(out, "meta_id {}", s.id);
+        let _ = writeln!(out, "meta_members {}", s.members.len());
+        match &s.leader {
+            Some((id, addr)) => {
+                let _ = writeln!(out, "meta_leader {addr} {id}");
+            }
+            None => {
+                let _ = writeln!(out, "meta_leader none");
+            }
+        }
+        let _ = writeln!(out, "meta_term {}", s.term);
+        let _ = writeln!(out, "meta_applied {}", s.last_applied);
+        for (id, m) in &s.members {
+            let role = if m.voter { "voter" } else { "learner" };
+            let _ = writeln!(out, "meta_member {} {id} {role}", m.addr);
+        }
+        for f in &ms.failed {
+            let _ = writeln!(out, "failed {f}");
+        }
+        let quorum = match self.check_quorum() {
+            Ok(()) if self.member.load(Ordering::Acquire) => "ok".to_string(),
+            Ok(()) => "no-group".to_string(),
+            Err(e) => format!("lost {}", e.message),
+        };
+        let _ = writeln!(out, "quorum {quorum}");
+        let _ = writeln!(
+            out,
+            "failure_timeout_ms {}",
+            self.failure_timeout.as_millis()
+        );
+        self.events.status_lines(out);
+    }
+}
+
+fn no_quorum(why: &str) -> ErrorReply {
+    ErrorReply::new(Status::NoQuorum, why)
+}
+
+/// The spec the state names: its servers, and a move's target as `next`.
+fn spec_of(ms: &MetaState) -> Option<ClusterSpec> {
+    if ms.servers.is_empty() {
+        return None;
+    }
+    let spec = ClusterSpec::new(ms.servers.clone(), None).ok()?;
+    match &ms.transition {
+        Some(t) => spec.with_next(t.target.clone()).ok(),
+        None => Some(spec),
+    }
+}
+
+/// The proposal that makes the group's spec `spec`; `None` when it already is.
+fn command_for(ms: &MetaState, spec: &ClusterSpec) -> Result<Option<MetaCommand>, ErrorReply> {
+    let servers = spec.servers().to_vec();
+    let agreed = || {
+        let e = spec_of(ms).map_or(0, |s| s.epoch());
+        let mut r = ErrorReply::wrong_epoch(e);
+        r.message = format!(
+            "the cluster agreed on another spec (epoch {e:016x}); servers are added and removed \
+             by a move (ramgrid cluster add|remove), not by sending a spec"
+        );
+        r
+    };
+    if ms.servers.is_empty() {
+        return match spec.next() {
+            None => Ok(Some(MetaCommand::SetServers {
+                servers,
+                expect_epoch: Some(0),
+            })),
+            Some(_) => Err(agreed()),
+        };
+    }
+    match (spec.next(), &ms.transition) {
+        (Some(next), Some(t)) if ms.servers == servers && t.target == next => Ok(None),
+        (Some(next), None) if ms.servers == servers => Ok(Some(MetaCommand::BeginTransition {
+            target: next.to_vec(),
+            by: "SET_SPEC".into(),
+        })),
+        (None, None) if ms.servers == servers => Ok(None),
+        (None, Some(_)) if ms.servers == servers => Ok(Some(MetaCommand::AbortTransition)),
+        (None, Some(t)) if t.target == servers => {
+            Ok(Some(MetaCommand::CompleteTransition { target: servers }))
+        }
+        _ => Err(agreed()),
+    }
+}
+
+/// Installs every committed state's spec here.
+async fn watch_task(state: Weak<NativeState>, meta: Arc<Meta>) {
+    let mut rx = meta.node.watch();
+    loop {
+        let ms = rx.borrow_and_update().clone();
+        let Some(state) = state.upgrade() else { return };
+        tokio::task::block_in_place(|| apply(&state, &meta, &ms));
+        drop(state);
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Installs `ms`'s spec; if this server was failed over since it last looked, it first forgets
+/// everything it holds (it may have missed writes) and copies it in again.
+fn apply(state: &NativeState, meta: &Meta, ms: &MetaState) {
+    let Some(spec) = spec_of(ms) else { return };
+    let count = ms.failures.get(&meta.server_id).copied().unwrap_or(0);
+    let rejoined = {
+        let mut seen = meta.seen_failures.lock().unwrap_or_else(|p| p.into_inner());
+        let r = seen.is_some_and(|s| count > s);
+        *seen = Some(count);
+        r
+    };
+    if rejoined {
+        eprintln!(
+            "ramgrid-server: {} was failed over while away: copying in everything it holds again",
+            meta.server_id
+        );
+    }
+    if let Err(e) = crate::cluster::install_committed(state, spec, rejoined) {
+        eprintln!("ramgrid-server: cannot install the committed spec: {e}");
+    }
+}
+
+/// The lease, catching up after a gap, forming a group, and the leader's duties.
+async fn keeper_task(state: Weak<NativeState>, meta: Arc<Meta>) {
+    let mut last_tick = Instant::now();
+    let mut last_bootstrap = Instant::now() - Duration::from_secs(1);
+    let mut leading: Option<leader::Leader> = None;
+    loop {
+        tokio::time::sleep(TICK).await;
+        let Some(state) = state.upgrade() else { return };
+        let now = Instant::now();
+        let member = meta.is_member();
+        if member && now.duration_since(last_tick) > meta.lease {
+            // This process did not run for longer than the lease (paused, starved).
+            meta.stale.store(true, Ordering::Release);
+        }
+        last_tick = now;
+        if !member {
+            meta.member.store(false, Ordering::Release);
+            leading = None;
+            if now.duration_since(last_bootstrap) >= Duration::from_millis(500) {
+                last_bootstrap = now;
+                bootstrap(&state, &meta).await;
+            }
+            continue;
+        }
+        let status = meta.node.status();
+        if status.voters.len() == 1 && status.voters.contains(&status.id) {
+            meta.touch(now); // The whole group: its own majority.
+        } else if let Some(age) = meta.node.quorum_age() {
+            if age < meta.lease {
+                meta.touch(now - age);
+            }
+        }
+        if !meta.member.swap(true, Ordering::AcqRel) {
+            meta.touch(now); // Just added: the leader reached it to add it.
+        }
+        if meta.contact_age() > meta.lease {
+            meta.stale.store(true, Ordering::Release);
+        }
+        if meta.stale.load(Ordering::Acquire) && meta.contact_age() <= meta.lease {
+            catch_up(&state, &meta).await;
+        }
+        if meta.node.is_leader() && !meta.stale.load(Ordering::Acquire) {
+            let l = leading.get_or_insert_with(|| leader::Leader::new(&meta));
+            l.tick(&state, &meta).await;
+        } else {
+            leading = None;
+        }
+    }
+}
+
+/// After a gap: read the group's state through the leader, install it, serve again.
+async fn catch_up(state: &NativeState, meta: &Meta) {
+    let read = tokio::time::timeout(Duration::from_secs(2), meta.node.linearizable_state()).await;
+    if let Ok(Ok(ms)) = read {
+        tokio::task::block_in_place(|| apply(state, meta, &ms));
+        meta.stale.store(false, Ordering::Release);
+        eprintln!(
+            "ramgrid-server: {} caught up with the cluster",
+            meta.server_id
+        );
+    }
+}
+
+/// Forms a group if this server is the first of its first spec and every other server of it
+/// answers and is in none (module docs, 1).
+async fn bootstrap(state: &NativeState, meta: &Meta) {
+    let cluster = state.cluster.read().clone();
+    let Some(c) = cluster else { return };
+    if c.spec.next().is_some() || c.spec.servers().first() != Some(&meta.server_id) {
+        return;
+    }
+    let deadline = Instant::now() + Duration::from_millis(500);
+    for addr in c.spec.servers().iter().skip(1) {
+        let members = match meta.pool.status(addr, deadline).await {
+            Ok(lines) => lines
+                .iter()
+                .find(|(k, _)| k == "meta_members")
+                .and_then(|(_, v)| v.parse::<usize>().ok()),
+            Err(_) => return, // Not every server is up yet: try again later.
+        };
+        if members != Some(0) {
+            return; // It is in a group (or too old to say): this server must be added to it.
+        }
+    }
+    let me = BTreeMap::from([(meta.node.id(), meta.server_id.clone())]);
+    if let Err(e) = meta.node.initialize(me).await {
+        eprintln!("ramgrid-server: cannot form the metadata group: {e}");
+        return;
+    }
+    let cmd = MetaCommand::SetServers {
+        servers: c.spec.servers().to_vec(),
+        expect_epoch: Some(0),
+    };
+    match meta.node.propose(cmd).await {
+        Ok(_) => eprintln!(
+            "ramgrid-server: formed the metadata group with spec epoch {:016x}",
+            c.epoch
+        ),
+        Err(e) => eprintln!("ramgrid-server: formed the metadata group; spec not set: {e}"),
+    }
+}

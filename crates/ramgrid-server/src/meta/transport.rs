@@ -1,0 +1,232 @@
+//! Server-to-server requests on the metadata runtime: native-protocol connections to peers,
+//! kept in a small pool per address, carrying the Raft group's messages (RAFT frames) and the
+//! leader's health checks (PING, CLUSTER_STATUS).
+//!
+//! Every call ends by its deadline, connect and HELLO included, so a dead or paused peer costs
+//! a timeout and never a stuck task. A connection that failed in any way is dropped, never
+//! reused: its stream may hold half a reply.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ramgrid_meta::network::BoxFuture;
+use ramgrid_meta::{Transport, TransportError};
+use ramgrid_proto::native::{parse_frame, FrameError, Hello, Request, Response, PROTOCOL_VERSION};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::{timeout_at, Instant};
+
+/// Idle connections kept per peer.
+const POOLED_PER_PEER: usize = 4;
+/// The largest reply accepted from a peer (a Raft snapshot chunk or a batch of entries).
+const MAX_REPLY: usize = ramgrid_meta::network::MAX_FRAME;
+
+/// Why a call to a peer failed.
+#[derive(Debug)]
+pub enum CallError {
+    /// Not connected: the request certainly did not reach it.
+    Unreachable(String),
+    /// No whole reply by the deadline: it may have been delivered.
+    Timeout,
+    /// Failed after the request may have been delivered (I/O, a refusal, a malformed reply).
+    Failed(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Unreachable(why) => write!(f, "unreachable: {why}"),
+            CallError::Timeout => f.write_str("no reply in time"),
+            CallError::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
+/// One authenticated connection.
+struct Conn {
+    sock: TcpStream,
+    buf: Vec<u8>,
+    next_id: u64,
+}
+
+impl Conn {
+    async fn open(addr: &str, token: Option<&str>, deadline: Instant) -> Result<Conn, CallError> {
+        let sock = match timeout_at(deadline, TcpStream::connect(addr)).await {
+            Err(_) => return Err(CallError::Unreachable("connect timed out".into())),
+            Ok(Err(e)) => return Err(CallError::Unreachable(e.to_string())),
+            Ok(Ok(s)) => s,
+        };
+        let _ = sock.set_nodelay(true);
+        let mut conn = Conn {
+            sock,
+            buf: Vec::new(),
+            next_id: 1,
+        };
+        let hello = Request::Hello(Hello {
+            protocol_version: PROTOCOL_VERSION,
+            token: token.unwrap_or("").as_bytes(),
+            client_name: "ramgrid-server meta",
+        });
+        conn.call(&hello, deadline, |r| match r {
+            Response::Hello(_) => Ok(()),
+            other => Err(format!("unexpected reply to HELLO: {other:?}")),
+        })
+        .await
+        .map_err(|e| match e {
+            // Not through HELLO: nothing else was sent.
+            CallError::Failed(why) | CallError::Unreachable(why) => CallError::Unreachable(why),
+            CallError::Timeout => CallError::Unreachable("HELLO timed out".into()),
+        })?;
+        Ok(conn)
+    }
+
+    /// Sends `req` and hands its decoded reply to `take`.
+    async fn call<T>(
+        &mut self,
+        req: &Request<'_>,
+        deadline: Instant,
+        take: impl FnOnce(Response<'_>) -> Result<T, String>,
+    ) -> Result<T, CallError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut out = Vec::new();
+        req.encode(&mut out, id)
+            .map_err(|e| CallError::Failed(format!("cannot encode: {e}")))?;
+        let io = |e: std::io::Error| CallError::Failed(e.to_string());
+        match timeout_at(deadline, self.sock.write_all(&out)).await {
+            Err(_) => return Err(CallError::Timeout),
+            Ok(r) => r.map_err(io)?,
+        }
+        self.buf.clear();
+        let mut chunk = [0u8; 64 << 10];
+        loop {
+            match parse_frame(&self.buf, MAX_REPLY) {
+                Ok((frame, _)) => {
+                    if frame.request_id != id {
+                        return Err(CallError::Failed("reply to another request".into()));
+                    }
+                    let resp = Response::decode(&frame)
+                        .map_err(|e| CallError::Failed(format!("malformed reply: {e}")))?;
+                    return take(resp).map_err(CallError::Failed);
+                }
+                Err(FrameError::Incomplete { .. }) => {}
+                Err(e) => return Err(CallError::Failed(format!("malformed reply: {e}"))),
+            }
+            let n = match timeout_at(deadline, self.sock.read(&mut chunk)).await {
+                Err(_) => return Err(CallError::Timeout),
+                Ok(r) => r.map_err(io)?,
+            };
+            if n == 0 {
+                return Err(CallError::Failed("connection closed".into()));
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// Connections to peers, reused across calls.
+pub struct Pool {
+    token: Option<String>,
+    idle: Mutex<HashMap<String, Vec<Conn>>>,
+}
+
+impl Pool {
+    /// A pool that authenticates with `token`.
+    pub fn new(token: Option<String>) -> Pool {
+        Pool {
+            token,
+            idle: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// One request to `addr`, ending by `deadline`.
+    pub async fn call<T>(
+        &self,
+        addr: &str,
+        req: &Request<'_>,
+        deadline: Instant,
+        take: impl FnOnce(Response<'_>) -> Result<T, String>,
+    ) -> Result<T, CallError> {
+        let pooled = self
+            .idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(addr)
+            .and_then(Vec::pop);
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => Conn::open(addr, self.token.as_deref(), deadline).await?,
+        };
+        let r = conn.call(req, deadline, take).await;
+        if r.is_ok() {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            let list = idle.entry(addr.to_owned()).or_default();
+            if list.len() < POOLED_PER_PEER {
+                list.push(conn);
+            }
+        }
+        r
+    }
+
+    /// PING `addr`: whether it answered by `deadline`.
+    pub async fn ping(&self, addr: &str, deadline: Instant) -> bool {
+        self.call(addr, &Request::Ping, deadline, |r| match r {
+            Response::Done => Ok(()),
+            other => Err(format!("unexpected reply to PING: {other:?}")),
+        })
+        .await
+        .is_ok()
+    }
+
+    /// CLUSTER_STATUS of `addr`, as `(key, value)` lines.
+    pub async fn status(
+        &self,
+        addr: &str,
+        deadline: Instant,
+    ) -> Result<Vec<(String, String)>, CallError> {
+        self.call(addr, &Request::ClusterStatus, deadline, |r| match r {
+            Response::Status(text) => Ok(text
+                .lines()
+                .filter_map(|l| l.split_once(' '))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect()),
+            other => Err(format!("unexpected reply to CLUSTER_STATUS: {other:?}")),
+        })
+        .await
+    }
+}
+
+impl Transport for Pool {
+    fn call<'a>(
+        &'a self,
+        addr: &'a str,
+        request: Vec<u8>,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Vec<u8>, TransportError>> {
+        Box::pin(async move {
+            let deadline = Instant::now() + timeout;
+            let req = Request::Raft { message: &request };
+            let r = Pool::call(self, addr, &req, deadline, |r| match r {
+                Response::Raft(reply) => Ok(reply.to_vec()),
+                Response::Error(e) => Err(format!("{} {}", e.status.name(), e.message)),
+                other => Err(format!("unexpected reply to RAFT: {other:?}")),
+            })
+            .await;
+            r.map_err(|e| match e {
+                CallError::Unreachable(reason) => TransportError::Unreachable {
+                    addr: addr.to_owned(),
+                    reason,
+                },
+                CallError::Timeout => TransportError::Timeout {
+                    addr: addr.to_owned(),
+                    timeout,
+                },
+                CallError::Failed(reason) => TransportError::Io {
+                    addr: addr.to_owned(),
+                    reason,
+                },
+            })
+        })
+    }
+}
