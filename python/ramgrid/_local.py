@@ -246,6 +246,7 @@ class LocalGrid(Grid):
         self._finalizer = weakref.finalize(self, _finalize, self._procs, config, tmpdir, os.getpid())
         try:
             client_for(config).push_spec()
+            self._wait_formed(start_timeout)
         except BaseException:
             self._finalizer()
             raise
@@ -343,6 +344,24 @@ class LocalGrid(Grid):
             if time.monotonic() - started > timeout:
                 raise RamgridError(f"the local grid did not finish repairing within {timeout:.0f} s: {last}")
             time.sleep(0.05)
+
+    def _wait_formed(self, timeout: float) -> None:
+        """Waits until the servers' metadata group has formed: every server a member, one leader known to all
+        (docs/ARCHITECTURE.md, "Control plane"). Data is served before that; failure handling starts then."""
+        started = time.monotonic()
+        n = len(self._servers)
+        while True:
+            last = self.status()
+            leaders = {s.get("meta_leader") for s in last}
+            if (
+                all(s.get("ok") and s.get("meta_members") == n for s in last)
+                and len(leaders) == 1
+                and "none" not in leaders
+            ):
+                return
+            if time.monotonic() - started > timeout:
+                raise RamgridError(f"the local grid's metadata group did not form within {timeout:.0f} s: {last}")
+            time.sleep(0.02)
 
     def _check_open(self) -> None:
         if not self._finalizer.alive:

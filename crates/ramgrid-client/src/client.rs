@@ -88,7 +88,7 @@ impl ClientConfig {
             ack: Ack::All,
             near_cache_bytes: 0,
             pool_size: 4,
-            spec_retries: 3,
+            spec_retries: 6,
             client_name: format!("ramgrid-client/{}", env!("CARGO_PKG_VERSION")),
         }
     }
@@ -234,6 +234,16 @@ impl Topology {
                 ))
             })
             .clone()
+    }
+}
+
+/// Before the `attempt`-th retry after a stale-spec refusal: nothing for the first, then 10, 20,
+/// 40, 80 ms. Servers install a committed spec each in its own time (a few milliseconds apart),
+/// so a client may meet one still on the spec another has left; a short wait lets it catch up
+/// instead of the client bouncing between the two.
+pub(crate) fn stale_backoff(attempt: u32) {
+    if attempt > 1 {
+        std::thread::sleep(std::time::Duration::from_millis(10 << (attempt - 2).min(3)));
     }
 }
 

@@ -194,6 +194,7 @@ impl Client {
                         return Err(Error::StaleSpec(why));
                     }
                     attempt += 1;
+                    crate::client::stale_backoff(attempt);
                     self.on_stale(&topo, s, table)?;
                 }
                 // A reply the server would not compose (values past its body limit): read the

@@ -77,6 +77,7 @@ impl Client {
                             return Err(Error::StaleSpec(why));
                         }
                         attempt += 1;
+                        crate::client::stale_backoff(attempt);
                         self.on_stale(&self.topology(), s, table)?;
                         if self.table_meta(table)?.value_type != value_type {
                             return Err(Error::Protocol {

@@ -198,6 +198,26 @@ pub async fn serve(
                                 }
                             };
                         }
+                        (Request::CreateTable(_) | Request::DropTable { .. }, Some(m)) => {
+                            match m.catalog(state, &req).await {
+                                Ok(()) => conn.handle(
+                                    state,
+                                    frame.opcode,
+                                    frame.request_id,
+                                    &req,
+                                    &mut out,
+                                    room,
+                                ),
+                                Err(e) => {
+                                    let _ = wire::encode_error(
+                                        &mut out,
+                                        frame.opcode,
+                                        frame.request_id,
+                                        &e,
+                                    );
+                                }
+                            }
+                        }
                         _ => {
                             conn.handle(state, frame.opcode, frame.request_id, &req, &mut out, room)
                         }

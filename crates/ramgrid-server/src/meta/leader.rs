@@ -226,11 +226,14 @@ impl Leader {
                         |e| e.membership_changes += 1,
                         format!("added {addr} (node {id}) to the metadata group as a learner"),
                     ),
-                    Err(e) => eprintln!("ramgrid-server: cannot add {addr} as a learner: {e}"),
+                    Err(e) => {
+                        eprintln!("ramgrid-server: cannot add {addr} as a learner: {e}");
+                        return;
+                    }
                 }
-                return; // One membership change at a time.
             }
         }
+        let status = meta.node.status();
         let now = Instant::now();
         let live = |id: &NodeId| {
             status.members.get(id).is_some_and(|m| {

@@ -21,6 +21,9 @@
 //!    `failure_timeout` without an answer, so a cut-off server has stopped serving before its
 //!    partitions are given to others: nothing is acknowledged under an assignment the majority
 //!    has replaced.
+//! 4. **Tables.** CREATE_TABLE and DROP_TABLE on a member are proposed first: of two clients
+//!    creating one name, the first committed wins on every server and the other gets
+//!    TABLE_EXISTS from every server. Versions are not in the group yet.
 
 mod leader;
 pub mod transport;
@@ -30,9 +33,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use ramgrid_meta::{MetaCommand, MetaConfig, MetaError, MetaNode, MetaState, NodeId};
+use ramgrid_meta::{MetaCommand, MetaConfig, MetaError, MetaNode, MetaRefusal, MetaState, NodeId};
 use ramgrid_proto::cluster::ClusterSpec;
-use ramgrid_proto::native::{ErrorReply, Status};
+use ramgrid_proto::native::{ErrorReply, Request, Status};
 use tokio::time::Instant;
 
 use crate::native::NativeState;
@@ -234,8 +237,10 @@ impl Meta {
                 .map_err(|e| ErrorReply::new(Status::BadRequest, e));
         }
         self.check_quorum()?;
-        let ms = self.node.state();
         let epoch = spec.epoch();
+        // Decide on the committed state (this node's applied one may lag): a move's coordinator
+        // sends the same spec to every server, and only the first may change anything.
+        let ms = self.read_committed().await?;
         if let Some(cmd) = command_for(&ms, &spec)? {
             let node = self.node.clone();
             let outcome = self
@@ -246,7 +251,11 @@ impl Meta {
             match outcome {
                 Ok(_) => {}
                 Err(MetaError::Refused(r)) => {
-                    return Err(ErrorReply::new(Status::BadRequest, r.to_string()))
+                    // Refused because another proposer got there first with the same spec?
+                    let now = self.read_committed().await?;
+                    if spec_of(&now).map(|s| s.epoch()) != Some(epoch) {
+                        return Err(ErrorReply::new(Status::BadRequest, r.to_string()));
+                    }
                 }
                 Err(e @ MetaError::NoQuorum { .. }) => return Err(no_quorum(&e.to_string())),
                 Err(e) => return Err(ErrorReply::new(Status::Internal, e.to_string())),
@@ -264,6 +273,82 @@ impl Meta {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         Ok(epoch)
+    }
+
+    /// CREATE_TABLE and DROP_TABLE on a member: the group decides first (module docs, 4), then
+    /// the server applies the request locally as before.
+    pub async fn catalog(
+        self: &Arc<Self>,
+        state: &NativeState,
+        req: &Request<'_>,
+    ) -> Result<(), ErrorReply> {
+        if !self.member.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.check_quorum()?;
+        let cmd = match req {
+            Request::CreateTable(c) => {
+                let mut spec = Vec::new();
+                Request::CreateTable(*c)
+                    .encode(&mut spec, 0)
+                    .map_err(|e| ErrorReply::new(Status::BadRequest, e.to_string()))?;
+                MetaCommand::CreateTable {
+                    name: c.name.to_owned(),
+                    incarnation: c.incarnation,
+                    spec,
+                }
+            }
+            Request::DropTable { name } => {
+                let incarnation = match state.tables.describe(name) {
+                    Ok(info) => Some(info.spec.incarnation),
+                    Err(_) => self.node.state().tables.get(*name).map(|t| t.incarnation),
+                };
+                match incarnation {
+                    Some(incarnation) => MetaCommand::DropTable {
+                        name: (*name).to_owned(),
+                        incarnation,
+                    },
+                    None => return Ok(()),
+                }
+            }
+            _ => return Ok(()),
+        };
+        let node = self.node.clone();
+        let outcome = self
+            .rt
+            .spawn(async move { node.propose(cmd).await })
+            .await
+            .map_err(|e| ErrorReply::new(Status::Internal, e.to_string()))?;
+        match outcome {
+            Ok(_) => Ok(()),
+            Err(MetaError::Refused(r @ MetaRefusal::TableExists { .. })) => Err(ErrorReply::new(
+                Status::TableExists,
+                format!("{r} (another client created it first)"),
+            )),
+            // Dropped already, or the group knows it under another incarnation: the local drop
+            // still removes what this server holds under the name.
+            Err(MetaError::Refused(
+                MetaRefusal::NoSuchTable { .. } | MetaRefusal::WrongIncarnation { .. },
+            )) => Ok(()),
+            Err(MetaError::Refused(r)) => Err(ErrorReply::new(Status::BadRequest, r.to_string())),
+            Err(e @ MetaError::NoQuorum { .. }) => Err(no_quorum(&e.to_string())),
+            Err(e) => Err(ErrorReply::new(Status::Internal, e.to_string())),
+        }
+    }
+
+    /// The group's state with every committed command applied (through the leader).
+    async fn read_committed(&self) -> Result<Arc<MetaState>, ErrorReply> {
+        let node = self.node.clone();
+        match self
+            .rt
+            .spawn(async move { node.linearizable_state().await })
+            .await
+        {
+            Ok(Ok(ms)) => Ok(ms),
+            Ok(Err(e @ MetaError::NoQuorum { .. })) => Err(no_quorum(&e.to_string())),
+            Ok(Err(e)) => Err(ErrorReply::new(Status::Internal, e.to_string())),
+            Err(e) => Err(ErrorReply::new(Status::Internal, e.to_string())),
+        }
     }
 
     fn is_member(&self) -> bool {
@@ -401,7 +486,7 @@ fn apply(state: &NativeState, meta: &Meta, ms: &MetaState) {
 /// The lease, catching up after a gap, forming a group, and the leader's duties.
 async fn keeper_task(state: Weak<NativeState>, meta: Arc<Meta>) {
     let mut last_tick = Instant::now();
-    let mut last_bootstrap = Instant::now() - Duration::from_secs(1);
+    let mut last_bootstrap = Instant::now();
     let mut leading: Option<leader::Leader> = None;
     loop {
         tokio::time::sleep(TICK).await;
@@ -416,7 +501,7 @@ async fn keeper_task(state: Weak<NativeState>, meta: Arc<Meta>) {
         if !member {
             meta.member.store(false, Ordering::Release);
             leading = None;
-            if now.duration_since(last_bootstrap) >= Duration::from_millis(500) {
+            if now.duration_since(last_bootstrap) >= Duration::from_millis(200) {
                 last_bootstrap = now;
                 bootstrap(&state, &meta).await;
             }

@@ -1,0 +1,172 @@
+"""The control plane with real processes: the servers' metadata Raft group forms by itself, a server that dies or
+is paused (SIGSTOP) is failed over within the bound and writes flow again, it rejoins when it answers and serves
+nothing it missed, and the Raft leader's death elects another that goes on changing the catalog
+(docs/ARCHITECTURE.md, "Control plane").
+
+The servers run with `--failure-timeout-ms 2000` (a lease of 1 s) so the tests are short; the default is 5 s."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import ramgrid
+from _jobs import Jobs, check_all, load, value_of
+
+pytestmark = pytest.mark.timeout(90)
+
+FAILURE_TIMEOUT = ["--failure-timeout-ms", "2000"]
+BASE_KEYS = 20_000
+
+
+def _status(g: Any) -> list[dict[str, Any]]:
+    return [s for s in g.status() if s.get("ok")]
+
+
+def _wait(what: str, cond: Any, timeout: float = 30.0) -> float:
+    """Polls `cond()` until it is truthy; returns the seconds it took."""
+    start = time.monotonic()
+    while True:
+        got = cond()
+        if got:
+            return time.monotonic() - start
+        assert time.monotonic() - start < timeout, f"not within {timeout} s: {what}"
+        time.sleep(0.05)
+
+
+def _leader(g: Any) -> str:
+    """The address every live server names as the group's leader."""
+    leaders = {s.get("meta_leader", "none").split(" ")[0] for s in _status(g)}
+    assert len(leaders) == 1, leaders
+    return leaders.pop()
+
+
+def _grid(n: int = 3) -> Any:
+    return ramgrid.local(servers=n, memory="64MiB", extra_args=FAILURE_TIMEOUT)
+
+
+def test_the_group_forms_by_itself_and_status_shows_it() -> None:
+    with _grid() as g:
+        _wait("a leader known to all", lambda: len({s.get("meta_leader") for s in _status(g)} - {"none"}) == 1)
+        st = _status(g)
+        assert all(s["meta_members"] == 3 and s["quorum"] == "ok" for s in st), st
+        voters = st[0]["meta_member"].count("voter")
+        assert voters == 3, st[0]["meta_member"]
+        assert _leader(g) in g.addresses
+
+
+def test_a_spec_pushed_by_a_stale_client_does_not_overwrite_the_agreed_one() -> None:
+    with _grid() as g:
+        _wait("a leader", lambda: all(s.get("meta_leader", "none") != "none" for s in _status(g)))
+        # A client that believes in two of the three servers pushes its spec: refused, nothing changes.
+        stale = ramgrid.connect(",".join(g.addresses[:2]))
+        with pytest.raises(ramgrid.RamgridError, match="agreed on another spec|WRONG_EPOCH"):
+            stale._client().push_spec()
+        assert {s["servers"] for s in _status(g)} == {",".join(g.addresses)}
+
+
+def test_a_killed_server_is_failed_over_writes_resume_and_it_rejoins() -> None:
+    with _grid() as g:
+        t = g.create_table("fo", partitions=16, replication=2, value_type="i64")
+        base = load(t, BASE_KEYS)
+        victim = next(i for i, a in enumerate(g.addresses) if a != _leader(g))
+        addr = g.addresses[victim]
+        jobs = Jobs(g.spec, "fo", BASE_KEYS).start()
+        try:
+            time.sleep(0.3)
+            g.kill(victim)
+            killed = time.monotonic()
+            # The leader takes it out of the spec; its partitions get new replicas that copy from the survivors.
+            _wait("failed over", lambda: all(addr not in s["servers"].split(",") for s in _status(g)))
+            failed_over = time.monotonic() - killed
+            acked_before = jobs.books.batches_acked
+            _wait("writes flowing", lambda: jobs.books.batches_acked > acked_before + 3)
+            flowing = time.monotonic() - killed
+            # Back on its address, empty: it rejoins through repair.
+            g.restart(victim)
+            _wait("rejoined", lambda: all(addr in s["servers"].split(",") for s in _status(g)), timeout=30)
+            _wait(
+                "repaired",
+                lambda: (st := _status(g)) and len(st) == 3 and all(s["pending_partitions"] == 0 for s in st),
+            )
+            time.sleep(0.3)
+        finally:
+            books = jobs.stop()
+        print(f"failed over after {failed_over:.2f} s, writes flowing after {flowing:.2f} s")
+        assert not jobs.crashed and not books.wrong, (jobs.crashed, books.wrong[:5])
+        assert failed_over < 2.0 + 5.0, failed_over  # the bound (2 s) plus slack for a loaded machine
+        assert any(s["failovers"] >= 1 for s in _status(g)) and any(s["rejoins"] >= 1 for s in _status(g))
+        check_all(g.spec, "fo", np.concatenate([base, books.acked_keys()]))
+
+
+def test_a_paused_server_is_failed_over_and_serves_nothing_stale_when_resumed() -> None:
+    with _grid() as g:
+        t = g.create_table("pause", partitions=16, replication=2, value_type="i64")
+        keys = np.arange(BASE_KEYS, dtype=np.int64)
+        t.put_many(keys, keys)
+        victim = next(i for i, a in enumerate(g.addresses) if a != _leader(g))
+        addr = g.addresses[victim]
+        old_spec = g.spec
+        pid = g.pids[victim]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            _wait("failed over", lambda: all(addr not in s["servers"].split(",") for s in _status(g)))
+            # New values while it sleeps: it holds the old ones for half the keys.
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    t.put_many(keys, keys + 1_000_000)
+                    break
+                except ramgrid.RamgridError:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.1)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # A reader that still routes by the old spec (which includes the paused server) reads right away: every
+        # value is the new one or the read is refused, never an old one.
+        stale_reader = ramgrid.connect(old_spec, ack="one").table("pause")
+        end = time.monotonic() + 3
+        reads = 0
+        while time.monotonic() < end:
+            try:
+                got = stale_reader.get_many(keys[:2000])
+            except ramgrid.RamgridError:
+                continue
+            reads += 1
+            assert (got == keys[:2000] + 1_000_000).all(), "a resumed server served a value it missed"
+        assert reads > 0
+        _wait("rejoined", lambda: all(addr in s["servers"].split(",") for s in _status(g)))
+        _wait("repaired", lambda: all(s["pending_partitions"] == 0 for s in _status(g)))
+        got = t.get_many(keys)
+        assert (got == keys + 1_000_000).all()
+
+
+def test_the_leader_killed_another_is_elected_and_the_catalog_changes_go_on() -> None:
+    with _grid() as g:
+        t = g.create_table("lead", partitions=8, replication=2, value_type="i64")
+        base = load(t, 5_000)
+        leader = _leader(g)
+        i = g.addresses.index(leader)
+        g.kill(i)
+        killed = time.monotonic()
+        others = [a for a in g.addresses if a != leader]
+
+        def new_leader() -> bool:
+            st = [s for s in _status(g) if s["server"] in others]
+            names = {s.get("meta_leader", "none").split(" ")[0] for s in st}
+            return len(st) == 2 and len(names) == 1 and names.pop() in others
+
+        _wait("a new leader", new_leader)
+        print(f"new leader after {time.monotonic() - killed:.2f} s")
+        # The catalog changes again: a table created, a version loaded and switched, writes acknowledged.
+        _wait("failed over", lambda: all(leader not in s["servers"].split(",") for s in _status(g)))
+        t2 = g.create_table("after", partitions=8, replication=2, value_type="i64")
+        load(t2, 1_000)
+        with t.new_version() as v:
+            v.put_many(base, value_of(base))
+        check_all(g.spec, "lead", base)
+        check_all(g.spec, "after", np.arange(1_000, dtype=np.int64))
