@@ -266,6 +266,7 @@ fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
                 Opcode::SetSpec => Request::SetSpec { spec: &spec },
                 Opcode::GetSpec => Request::GetSpec,
                 Opcode::ClusterStatus => Request::ClusterStatus,
+                Opcode::Metrics => Request::Metrics,
                 Opcode::ExportPartition => Request::ExportPartition(ExportRequest {
                     table: s(&f["table"]),
                     incarnation: u(&f["incarnation"]),
@@ -360,6 +361,7 @@ fn encode_response(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
             chunk: &chunk,
         }),
         Opcode::ClusterStatus => Response::Status(s(&f["text"])),
+        Opcode::Metrics => Response::Metrics(s(&f["text"])),
         _ => Response::Done,
     };
     resp.encode(&mut out, op, id).unwrap();
@@ -383,9 +385,11 @@ fn request_json(req: &Request<'_>) -> Value {
         Request::Hello(h) => json!({
             "protocol_version": h.protocol_version, "token_hex": hex(h.token), "client_name": h.client_name,
         }),
-        Request::Ping | Request::ListTables | Request::GetSpec | Request::ClusterStatus => {
-            json!({})
-        }
+        Request::Ping
+        | Request::ListTables
+        | Request::GetSpec
+        | Request::ClusterStatus
+        | Request::Metrics => json!({}),
         Request::ExportPartition(x) => json!({
             "table": x.table, "incarnation": x.incarnation, "version": x.version,
             "partition": x.partition, "epoch": x.epoch, "export_id": x.export_id,
@@ -460,7 +464,7 @@ fn response_json(resp: &Response<'_>) -> Value {
             put("sealed", json!(x.sealed));
             put("chunk_hex", json!(hex(x.chunk)));
         }
-        Response::Status(text) => {
+        Response::Status(text) | Response::Metrics(text) => {
             put("text", json!(text));
         }
         Response::SpecSet { epoch } => {

@@ -11,6 +11,7 @@ pub mod config;
 pub mod conn;
 pub mod dispatch;
 pub mod export;
+pub mod metrics;
 pub mod native;
 pub mod peer;
 pub mod persist;

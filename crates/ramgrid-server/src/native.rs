@@ -60,6 +60,8 @@ pub struct NativeState {
     pub repair: crate::repair::RepairState,
     /// Partition images being copied out to peers (export.rs).
     pub exports: crate::export::Exports,
+    /// Where METRICS finds the server-wide counters (metrics.rs).
+    pub metrics: crate::metrics::Hook,
 }
 
 impl NativeState {
@@ -129,6 +131,7 @@ pub async fn serve(
         authed: state.token.is_none(),
         status: Vec::new(),
         commit: None,
+        metrics: Default::default(),
     };
     let mut out = Vec::with_capacity(READ_CHUNK);
     let mut start = 0usize;
@@ -161,17 +164,22 @@ pub async fn serve(
                         _ => state.max_body,
                     };
                     let before = out.len();
-                    conn.handle(state, frame.opcode, frame.request_id, &req, &mut out, room);
+                    let started = std::time::Instant::now();
+                    let mut refused =
+                        conn.handle(state, frame.opcode, frame.request_id, &req, &mut out, room);
                     // A write to a log table is answered only once its log records are on disk
                     // (wal.rs); the wait lets this worker's other connections go on.
                     if let Some((log, ticket)) = conn.commit.take() {
                         if let Err(e) = log.commit_async(ticket).await {
                             out.truncate(before);
                             let e = disk_refusal(e);
+                            refused = Some(e.status);
                             let _ =
                                 wire::encode_error(&mut out, frame.opcode, frame.request_id, &e);
                         }
                     }
+                    conn.metrics
+                        .record(stats, &req, &conn.status, refused, started);
                     mem.settle_reply(out.capacity().saturating_sub(OUT_BASE));
                     start += used;
                     if out.len() >= OUT_HIGH_WATER
@@ -254,6 +262,7 @@ struct Conn {
     authed: bool,
     status: Vec<u8>,
     commit: Option<(Arc<Log>, u64)>,
+    metrics: crate::metrics::ConnMetrics,
 }
 
 pub(crate) fn store_value_type(vt: wire::ValueType) -> ValueType {
@@ -355,10 +364,10 @@ impl Conn {
         req: &Request<'_>,
         out: &mut Vec<u8>,
         room: usize,
-    ) {
-        if let Err(e) = self.try_handle(state, op, id, req, out, room) {
-            let _ = wire::encode_error(out, op, id, &e);
-        }
+    ) -> Option<Status> {
+        let e = self.try_handle(state, op, id, req, out, room).err()?;
+        let _ = wire::encode_error(out, op, id, &e);
+        Some(e.status)
     }
 
     fn try_handle(
@@ -569,6 +578,10 @@ impl Conn {
             Request::ClusterStatus => {
                 let text = crate::cluster::status_text(state);
                 done(out, Response::Status(&text))
+            }
+            Request::Metrics => {
+                let text = state.metrics.render(state).unwrap_or_default();
+                done(out, Response::Metrics(&text))
             }
             Request::GetSpec => {
                 let cluster = state.cluster.read();

@@ -50,6 +50,8 @@ pub enum Request<'a> {
     ExportPartition(ExportRequest<'a>),
     /// CLUSTER_STATUS (empty body).
     ClusterStatus,
+    /// METRICS (empty body).
+    Metrics,
     /// GET.
     Get(KeyBatch<'a>),
     /// PUT.
@@ -97,6 +99,7 @@ impl<'a> Request<'a> {
             Opcode::GetSpec => Request::GetSpec,
             Opcode::ExportPartition => Request::ExportPartition(ExportRequest::read(&mut r)?),
             Opcode::ClusterStatus => Request::ClusterStatus,
+            Opcode::Metrics => Request::Metrics,
             Opcode::Get | Opcode::Put | Opcode::Delete => unreachable!("handled above"),
         };
         r.finish()?;
@@ -120,6 +123,7 @@ impl<'a> Request<'a> {
             Request::GetSpec => Opcode::GetSpec,
             Request::ExportPartition(_) => Opcode::ExportPartition,
             Request::ClusterStatus => Opcode::ClusterStatus,
+            Request::Metrics => Opcode::Metrics,
             Request::Get(_) => Opcode::Get,
             Request::Put(_) => Opcode::Put,
             Request::Delete(_) => Opcode::Delete,
@@ -135,7 +139,11 @@ impl<'a> Request<'a> {
         let out = &mut *p.out;
         match self {
             Request::Hello(h) => h.write(out)?,
-            Request::Ping | Request::ListTables | Request::GetSpec | Request::ClusterStatus => {}
+            Request::Ping
+            | Request::ListTables
+            | Request::GetSpec
+            | Request::ClusterStatus
+            | Request::Metrics => {}
             Request::ExportPartition(x) => x.write(out)?,
             Request::CreateTable(c) => c.write(out)?,
             Request::DropTable { name } | Request::DescribeTable { name } => {
@@ -178,6 +186,8 @@ pub enum Response<'a> {
     Export(ExportChunk<'a>),
     /// OK to CLUSTER_STATUS: `key value` lines.
     Status(&'a str),
+    /// OK to METRICS: Prometheus text exposition (format 0.0.4).
+    Metrics(&'a str),
     /// OK to GET.
     Get(GetReply<'a>),
     /// OK to PUT or DELETE.
@@ -232,6 +242,7 @@ impl<'a> Response<'a> {
                 }),
                 Opcode::ExportPartition => Response::Export(ExportChunk::read(&mut r)?),
                 Opcode::ClusterStatus => Response::Status(r.str32("status")?),
+                Opcode::Metrics => Response::Metrics(r.str32("metrics")?),
                 Opcode::Get => Response::Get(GetReply::read(&mut r)?),
                 Opcode::Put | Opcode::Delete => Response::KeyStatuses(KeyStatuses::read(&mut r)?),
             }
@@ -262,6 +273,7 @@ impl<'a> Response<'a> {
             Response::Spec(_) => opcode == O::GetSpec,
             Response::Export(_) => opcode == O::ExportPartition,
             Response::Status(_) => opcode == O::ClusterStatus,
+            Response::Metrics(_) => opcode == O::Metrics,
             Response::Get(_) => opcode == O::Get,
             Response::KeyStatuses(_) => matches!(opcode, O::Put | O::Delete),
         }
@@ -306,6 +318,9 @@ impl<'a> Response<'a> {
             }
             Response::Export(x) => x.write(out)?,
             Response::Status(text) => wire::put_bytes32(out, text.as_bytes(), "status over 4 GiB")?,
+            Response::Metrics(text) => {
+                wire::put_bytes32(out, text.as_bytes(), "metrics over 4 GiB")?
+            }
             Response::Get(g) => g.write(out)?,
             Response::KeyStatuses(k) => k.write(out)?,
         }
