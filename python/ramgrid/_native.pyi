@@ -78,6 +78,8 @@ class Client:
         Raises BatchError listing failed keys if any key was refused; the others are stored."""
     def delete_many(self, table: str, keys: KeysLike, version: int = 0) -> int: ...
     def server_stats(self) -> list[dict[str, Any]]: ...
+    def server_metrics(self) -> list[dict[str, Any]]:
+        """Per server of the spec: {"server": addr, "text": Prometheus exposition} or {"server": addr, "error": str}."""
     def add_server(self, addr: str) -> dict[str, Any]:
         """Adds the running, empty server at `addr` and moves its partitions to it; the move report:
         {"from", "to", "partitions_copied", "bytes_copied", "seconds"}."""

@@ -35,6 +35,7 @@ OPCODES = {
     "GET": 0x30,
     "PUT": 0x31,
     "DELETE": 0x32,
+    "METRICS": 0x50,
 }
 OPCODE_NAMES = {v: k for k, v in OPCODES.items()}
 STATUSES = [
@@ -268,7 +269,7 @@ def _batch_head(f: dict) -> bytes:
 def encode_request_body(opcode: str, f: dict) -> bytes:
     if opcode == "HELLO":
         return _u8(f["protocol_version"]) + _b16(bytes.fromhex(f["token_hex"])) + _s16(f["client_name"])
-    if opcode in ("PING", "LIST_TABLES", "GET_SPEC", "CLUSTER_STATUS"):
+    if opcode in ("PING", "LIST_TABLES", "GET_SPEC", "CLUSTER_STATUS", "METRICS"):
         return b""
     if opcode == "EXPORT_PARTITION":
         out = _s16(f["table"]) + _u64(f["incarnation"]) + _u32(f["version"]) + _u32(f["partition"])
@@ -312,7 +313,7 @@ def decode_request_body(opcode: str, body: bytes) -> dict:
             "token_hex": r.bytes16("token").hex(),
             "client_name": r.str16("client name"),
         }
-    elif opcode in ("PING", "LIST_TABLES", "GET_SPEC", "CLUSTER_STATUS"):
+    elif opcode in ("PING", "LIST_TABLES", "GET_SPEC", "CLUSTER_STATUS", "METRICS"):
         f = {}
     elif opcode == "EXPORT_PARTITION":
         f = {
@@ -398,7 +399,7 @@ def encode_response_body(opcode: str, f: dict) -> bytes:
     if opcode == "EXPORT_PARTITION":
         head = _u64(f["export_id"]) + _u64(f["total"]) + _u8(int(f["sealed"]))
         return out + head + _b32(bytes.fromhex(f["chunk_hex"]))
-    if opcode == "CLUSTER_STATUS":
+    if opcode in ("CLUSTER_STATUS", "METRICS"):
         return out + _b32(f["text"].encode())
     if opcode == "RAFT":
         return out + _b32(f["message"].encode())
@@ -457,11 +458,12 @@ def decode_response_body(opcode: str, body: bytes) -> dict:
             raise WireError("malformed", "sealed")
         f["sealed"] = bool(sealed)
         f["chunk_hex"] = r.bytes32("chunk").hex()
-    elif opcode == "CLUSTER_STATUS":
+    elif opcode in ("CLUSTER_STATUS", "METRICS"):
+        what = "status" if opcode == "CLUSTER_STATUS" else "metrics"
         try:
-            f["text"] = r.bytes32("status").decode()
+            f["text"] = r.bytes32(what).decode()
         except UnicodeDecodeError:
-            raise WireError("malformed", "status") from None
+            raise WireError("malformed", what) from None
     elif opcode == "RAFT":
         try:
             f["message"] = r.bytes32("raft reply").decode()

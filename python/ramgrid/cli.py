@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     pu.add_argument("value", help="a number for i64/f64 tables, comma-separated floats for f32vec, text for bytes")
     pu.add_argument("--int-keys", action="store_true", help="the key is an integer (int64 key), not a string")
 
-    add("stats", "print every server's counters as JSON")
+    add("stats", "print every server's counters as JSON, with each table's figures on it under \"tables\"")
 
     sub.add_parser("bench", help="run benchmarks/native_batch.py --quick (extra arguments are passed on)")
     sub.add_parser(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Union, cast
 import numpy as np
 
 from ramgrid._keys import NativeKeys, convert_keys, convert_values, fit_values, key_count
+from ramgrid._metrics import table_figures
 from ramgrid.config import SpecLike, parse_spec
 from ramgrid.exceptions import KeysNotFound, RamgridError
 
@@ -277,8 +278,20 @@ class Grid:
         self._client().drop_table(name)
 
     def stats(self) -> list[dict[str, Any]]:
-        """One dict of counters per server, in spec order."""
-        return list(self._client().server_stats())
+        """One dict of counters per server, in spec order: the memcached `stats` counters, and under "tables" each
+        table's figures on that server (from METRICS, see `ramgrid._metrics.table_figures`: items, bytes, versions,
+        gets, hits, misses, puts, deletes, refused requests by reason, batch counts and latency sums). A server
+        whose METRICS failed has "tables_error" instead."""
+        client = self._client()
+        out = [dict(d) for d in client.server_stats()]
+        metrics = {m["server"]: m for m in client.server_metrics()}
+        for d in out:
+            m = metrics.get(d["server"], {})
+            if "text" in m:
+                d["tables"] = table_figures(m["text"])
+            elif "error" in m:
+                d["tables_error"] = m["error"]
+        return out
 
     def epoch(self) -> int:
         """The partition-map epoch this process's client works under."""

@@ -37,6 +37,7 @@ pub(crate) fn idempotent(op: Opcode) -> bool {
         | Opcode::DescribeTable
         | Opcode::GetSpec
         | Opcode::ClusterStatus
+        | Opcode::Metrics
         | Opcode::Get
         // The same spec again gives the same epoch; sealing a sealed version is answered
         // VERSION_SEALED, which the client takes as done; the same version made current again.

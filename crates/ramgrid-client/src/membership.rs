@@ -85,6 +85,32 @@ impl Client {
         Ok(out)
     }
 
+    /// METRICS of one server: its Prometheus text exposition (server-wide and per-table figures).
+    pub fn server_metrics(&self, addr: &str) -> Result<String> {
+        let pool = self.pool_for(addr);
+        let mut out = String::new();
+        self.request(&pool, &Request::Metrics, |r| match r {
+            Response::Metrics(text) => {
+                out = text.to_owned();
+                Ok(())
+            }
+            other => Err(Error::Protocol {
+                server: addr.to_owned(),
+                message: format!("unexpected reply to METRICS: {other:?}"),
+            }),
+        })?;
+        Ok(out)
+    }
+
+    /// METRICS of every server of the spec, in spec order.
+    pub fn metrics(&self) -> Vec<(String, Result<String>)> {
+        self.spec()
+            .servers()
+            .iter()
+            .map(|a| (a.clone(), self.server_metrics(a)))
+            .collect()
+    }
+
     /// CLUSTER_STATUS of every server of the spec (both ends of a move in progress), in order.
     pub fn cluster_status(&self) -> Vec<(String, Result<ServerStatus>)> {
         let _ = self.refresh_spec();

@@ -269,6 +269,7 @@ fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
                 Opcode::Raft => Request::Raft {
                     message: s(&f["message"]).as_bytes(),
                 },
+                Opcode::Metrics => Request::Metrics,
                 Opcode::ExportPartition => Request::ExportPartition(ExportRequest {
                     table: s(&f["table"]),
                     incarnation: u(&f["incarnation"]),
@@ -364,6 +365,7 @@ fn encode_response(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
         }),
         Opcode::ClusterStatus => Response::Status(s(&f["text"])),
         Opcode::Raft => Response::Raft(s(&f["message"]).as_bytes()),
+        Opcode::Metrics => Response::Metrics(s(&f["text"])),
         _ => Response::Done,
     };
     resp.encode(&mut out, op, id).unwrap();
@@ -387,9 +389,11 @@ fn request_json(req: &Request<'_>) -> Value {
         Request::Hello(h) => json!({
             "protocol_version": h.protocol_version, "token_hex": hex(h.token), "client_name": h.client_name,
         }),
-        Request::Ping | Request::ListTables | Request::GetSpec | Request::ClusterStatus => {
-            json!({})
-        }
+        Request::Ping
+        | Request::ListTables
+        | Request::GetSpec
+        | Request::ClusterStatus
+        | Request::Metrics => json!({}),
         Request::Raft { message } => json!({
             "message": std::str::from_utf8(message).expect("RAFT vectors carry text"),
         }),
@@ -467,7 +471,7 @@ fn response_json(resp: &Response<'_>) -> Value {
             put("sealed", json!(x.sealed));
             put("chunk_hex", json!(hex(x.chunk)));
         }
-        Response::Status(text) => {
+        Response::Status(text) | Response::Metrics(text) => {
             put("text", json!(text));
         }
         Response::Raft(m) => {

@@ -633,6 +633,23 @@ impl Client {
         Ok(out)
     }
 
+    /// METRICS of every server of the spec: {"server": addr, "text": exposition} or
+    /// {"server": addr, "error": message}.
+    fn server_metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let all = py.allow_threads(|| self.inner.metrics());
+        let out = PyList::empty(py);
+        for (addr, r) in all {
+            let d = PyDict::new(py);
+            d.set_item("server", addr)?;
+            match r {
+                Ok(text) => d.set_item("text", text)?,
+                Err(e) => d.set_item("error", e.to_string())?,
+            }
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+
     /// Adds the running, empty server at `addr` and moves to it the partitions it gets (see
     /// `ramgrid_client::membership`); returns the move report as a dict.
     fn add_server<'py>(&self, py: Python<'py>, addr: &str) -> PyResult<Bound<'py, PyDict>> {

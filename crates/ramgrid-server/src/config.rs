@@ -79,6 +79,10 @@ pub struct Config {
     /// it every table lives in memory only.
     #[arg(long, env = "RAMGRID_DATA_DIR")]
     pub data_dir: Option<std::path::PathBuf>,
+    /// Serve Prometheus metrics over HTTP (`GET /metrics`) on this address; off by default. The
+    /// endpoint has no authentication: a non-loopback address also needs --insecure-no-auth.
+    #[arg(long, env = "RAMGRID_METRICS")]
+    pub metrics: Option<SocketAddr>,
     /// Allow listening on a non-loopback address without a token. Anyone who can reach the port can read and write everything.
     #[arg(long)]
     pub insecure_no_auth: bool,

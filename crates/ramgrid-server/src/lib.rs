@@ -12,6 +12,7 @@ pub mod conn;
 pub mod dispatch;
 pub mod export;
 pub mod meta;
+pub mod metrics;
 pub mod native;
 pub mod peer;
 pub mod persist;

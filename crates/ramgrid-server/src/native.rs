@@ -62,6 +62,8 @@ pub struct NativeState {
     pub exports: crate::export::Exports,
     /// This server's member of the metadata group (meta/mod.rs), once started.
     pub meta: std::sync::OnceLock<Arc<crate::meta::Meta>>,
+    /// Where METRICS finds the server-wide counters (metrics.rs).
+    pub metrics: crate::metrics::Hook,
 }
 
 impl NativeState {
@@ -139,6 +141,7 @@ pub async fn serve(
         authed: state.token.is_none(),
         status: Vec::new(),
         commit: None,
+        metrics: Default::default(),
     };
     let mut out = Vec::with_capacity(READ_CHUNK);
     let mut start = 0usize;
@@ -172,7 +175,8 @@ pub async fn serve(
                     };
                     let before = out.len();
                     let meta = state.meta.get().filter(|_| conn.authed);
-                    match (&req, meta) {
+                    let started = std::time::Instant::now();
+                    let mut refused = match (&req, meta) {
                         // Requests the metadata group answers, on its runtime.
                         (Request::Raft { message }, Some(m)) => {
                             let reply = m.handle_rpc(message.to_vec()).await;
@@ -181,22 +185,32 @@ pub async fn serve(
                                 frame.opcode,
                                 frame.request_id,
                             );
+                            None
                         }
                         (Request::SetSpec { spec }, Some(m)) => {
                             let r = match ClusterSpec::parse_bytes(spec) {
                                 Ok(spec) => m.set_spec(state, spec).await,
                                 Err(e) => Err(ErrorReply::new(Status::BadRequest, e.to_string())),
                             };
-                            let _ = match r {
-                                Ok(epoch) => Response::SpecSet { epoch }.encode(
-                                    &mut out,
-                                    frame.opcode,
-                                    frame.request_id,
-                                ),
-                                Err(e) => {
-                                    wire::encode_error(&mut out, frame.opcode, frame.request_id, &e)
+                            match r {
+                                Ok(epoch) => {
+                                    let _ = Response::SpecSet { epoch }.encode(
+                                        &mut out,
+                                        frame.opcode,
+                                        frame.request_id,
+                                    );
+                                    None
                                 }
-                            };
+                                Err(e) => {
+                                    let _ = wire::encode_error(
+                                        &mut out,
+                                        frame.opcode,
+                                        frame.request_id,
+                                        &e,
+                                    );
+                                    Some(e.status)
+                                }
+                            }
                         }
                         (Request::CreateTable(_) | Request::DropTable { .. }, Some(m)) => {
                             match m.catalog(state, &req).await {
@@ -215,23 +229,27 @@ pub async fn serve(
                                         frame.request_id,
                                         &e,
                                     );
+                                    Some(e.status)
                                 }
                             }
                         }
                         _ => {
                             conn.handle(state, frame.opcode, frame.request_id, &req, &mut out, room)
                         }
-                    }
+                    };
                     // A write to a log table is answered only once its log records are on disk
                     // (wal.rs); the wait lets this worker's other connections go on.
                     if let Some((log, ticket)) = conn.commit.take() {
                         if let Err(e) = log.commit_async(ticket).await {
                             out.truncate(before);
                             let e = disk_refusal(e);
+                            refused = Some(e.status);
                             let _ =
                                 wire::encode_error(&mut out, frame.opcode, frame.request_id, &e);
                         }
                     }
+                    conn.metrics
+                        .record(stats, &req, &conn.status, refused, started);
                     mem.settle_reply(out.capacity().saturating_sub(OUT_BASE));
                     start += used;
                     if out.len() >= OUT_HIGH_WATER
@@ -314,6 +332,7 @@ struct Conn {
     authed: bool,
     status: Vec<u8>,
     commit: Option<(Arc<Log>, u64)>,
+    metrics: crate::metrics::ConnMetrics,
 }
 
 pub(crate) fn store_value_type(vt: wire::ValueType) -> ValueType {
@@ -415,10 +434,10 @@ impl Conn {
         req: &Request<'_>,
         out: &mut Vec<u8>,
         room: usize,
-    ) {
-        if let Err(e) = self.try_handle(state, op, id, req, out, room) {
-            let _ = wire::encode_error(out, op, id, &e);
-        }
+    ) -> Option<Status> {
+        let e = self.try_handle(state, op, id, req, out, room).err()?;
+        let _ = wire::encode_error(out, op, id, &e);
+        Some(e.status)
     }
 
     fn try_handle(
@@ -636,6 +655,10 @@ impl Conn {
             Request::ClusterStatus => {
                 let text = crate::cluster::status_text(state);
                 done(out, Response::Status(&text))
+            }
+            Request::Metrics => {
+                let text = state.metrics.render(state).unwrap_or_default();
+                done(out, Response::Metrics(&text))
             }
             Request::GetSpec => {
                 let cluster = state.cluster.read();

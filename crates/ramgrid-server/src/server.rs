@@ -34,6 +34,7 @@ const CRAWL_BUDGET: usize = 10_000;
 /// A running server. Dropping it does not stop it; call [`ServerHandle::shutdown`].
 pub struct ServerHandle {
     addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
     native: Arc<NativeState>,
     stop: watch::Sender<bool>,
@@ -45,6 +46,11 @@ impl ServerHandle {
     /// The bound address (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The bound address of the metrics endpoint (`--metrics`), if any.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// Shared state (the cache and counters), for tests and embedding.
@@ -83,6 +89,9 @@ impl ServerHandle {
 /// Binds, starts every thread, and returns once the server accepts connections.
 pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
     config.validate().map_err(anyhow::Error::msg)?;
+    if let Some(addr) = config.metrics {
+        crate::metrics::check_addr(addr, config.insecure_no_auth).map_err(anyhow::Error::msg)?;
+    }
     if !config.listen.ip().is_loopback() && config.token.is_none() {
         eprintln!(
             "ramgrid-server: WARNING: listening on {} with NO authentication (--insecure-no-auth)",
@@ -153,7 +162,9 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         repair: crate::repair::RepairState::new(config.join.clone()),
         exports: Default::default(),
         meta: Default::default(),
+        metrics: Default::default(),
     });
+    native.metrics.set(shared.clone());
     let meta = crate::meta::start(
         &native,
         config.data_dir.as_deref(),
@@ -213,6 +224,13 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         native.repair.needs_catalog.store(true, Ordering::Release);
     }
     native.repair.wake();
+    let mut metrics_addr = None;
+    if let Some(at) = config.metrics {
+        let l = TcpListener::bind(at).with_context(|| format!("cannot serve metrics on {at}"))?;
+        metrics_addr = Some(l.local_addr()?);
+        let (shared, native) = (shared.clone(), native.clone());
+        handles.push(crate::metrics::spawn(l, shared, native, stop_rx.clone())?);
+    }
     let mut senders = Vec::new();
     for (i, stats) in workers.into_iter().enumerate() {
         let crawler = i == 0;
@@ -241,6 +259,7 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
     }
     Ok(ServerHandle {
         addr,
+        metrics_addr,
         shared,
         native,
         stop: stop_tx,

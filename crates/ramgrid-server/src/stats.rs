@@ -51,6 +51,10 @@ pub struct WorkerStats {
     pub bytes_read: AtomicU64,
     /// Bytes written to clients.
     pub bytes_written: AtomicU64,
+    /// Native data requests, server-wide (metrics.rs).
+    pub native: crate::metrics::NativeCounters,
+    /// Native data requests, per table (metrics.rs).
+    pub tables: crate::metrics::TableCounters,
 }
 
 impl WorkerStats {

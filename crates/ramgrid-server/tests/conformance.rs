@@ -26,6 +26,7 @@ const MAX_HUNG_IN_A_ROW: usize = 3;
 /// Every transcript file; `every_transcript_file_has_a_test` keeps this in step with the directory.
 const FILES: &[&str] = &[
     "errors.txt",
+    "keys.txt",
     "meta_ma.txt",
     "meta_md.txt",
     "meta_mg.txt",
@@ -856,6 +857,7 @@ macro_rules! transcript_tests {
 
 transcript_tests! {
     errors => "errors.txt",
+    keys => "keys.txt",
     meta_ma => "meta_ma.txt",
     meta_md => "meta_md.txt",
     meta_mg => "meta_mg.txt",

@@ -70,7 +70,15 @@ def test_cli_cluster_tables_keys(tmp_path: Path) -> None:
         assert desc["value_type"] == "f64" and desc["partitions"] == 8
         bad = rg(env, tmp_path, "put", "scores", "1", "not-a-number", "--int-keys", ok=False)
         assert bad.returncode == 2 and "f64" in bad.stderr
-        assert len(json.loads(rg(env, tmp_path, "stats").stdout)) == 2
+        stats = json.loads(rg(env, tmp_path, "stats").stdout)
+        assert len(stats) == 2
+        # Per-table figures of each server (METRICS); summed over the servers they are the traffic above.
+        scores = [s["tables"]["scores"] for s in stats]
+        assert sum(t["puts"] for t in scores) == 1 and sum(t["items"] for t in scores) == 1
+        assert sum(t["hits"] for t in scores) == 1 and sum(t["misses"] for t in scores) == 0
+        names = [s["tables"]["names"] for s in stats]
+        assert sum(t["puts"] for t in names) == 2  # replication 2: stored on both servers
+        assert sum(t["hits"] for t in names) == 1 and sum(t["misses"] for t in names) == 1
         # The spec file written by `cluster up` works with --spec, and a flag beats the environment.
         spec_file = str(state / "cluster.spec")
         env2 = {**env, "RAMGRID_SPEC": "127.0.0.1:1"}

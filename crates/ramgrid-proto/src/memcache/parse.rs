@@ -57,21 +57,6 @@ fn fatal(reason: &'static str) -> ParseError {
     }
 }
 
-/// Control bytes get an `ERROR` line before the close, as a hint to someone typing at a terminal.
-fn fatal_control() -> ParseError {
-    ParseError::Fatal {
-        reply: Cow::Borrowed(ERROR),
-        reason: "control byte in command line",
-    }
-}
-
-/// A tab is exempt: memcached reads it as part of a token (so `get\tk` is an unknown command and
-/// the connection goes on); every other byte below 0x20 is binary garbage.
-#[inline]
-fn has_control_byte(s: &[u8]) -> bool {
-    s.iter().any(|&b| b < 0x20 && b != b'\t')
-}
-
 pub(crate) fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
     let Some(&first) = buf.first() else {
         return Err(ParseError::Incomplete);
@@ -86,11 +71,6 @@ pub(crate) fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
         if window.len() >= limits.max_line_len.saturating_add(2) {
             return Err(fatal("command line too long"));
         }
-        // A trailing '\r' may still be followed by '\n'.
-        let body = window.strip_suffix(b"\r").unwrap_or(window);
-        if has_control_byte(body) {
-            return Err(fatal_control());
-        }
         return Err(ParseError::Incomplete);
     };
     let line = &buf[..nl];
@@ -98,9 +78,11 @@ pub(crate) fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
     if line.len() > limits.max_line_len {
         return Err(fatal("command line too long"));
     }
-    if has_control_byte(line) {
-        return Err(fatal_control());
-    }
+    // memcached 1.6.18 tokenizes the line as a C string (`strlen`), so a NUL ends it: whatever
+    // follows, up to the '\n', is consumed unread. Every other byte, control bytes included, is
+    // part of a token (only a space separates), so a key is any 1 to 250 bytes but NUL, '\n' and
+    // space (docs/protocol.md, section 1, item 5).
+    let line = memchr(0, line).map_or(line, |nul| &line[..nul]);
     parse_line(buf, line, nl + 1, limits)
 }
 

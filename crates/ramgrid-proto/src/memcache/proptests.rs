@@ -171,11 +171,15 @@ fn keys_span(keys: &[Vec<u8>]) -> &'static [u8] {
     Box::leak(keys.join(&b' ').into_boxed_slice())
 }
 
-/// Key bytes: anything but space and control bytes.
+/// Key bytes: anything but NUL, '\n' and space (memcached's rule; control bytes included).
 fn key() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         "[a-zA-Z0-9_:.-]{1,12}".prop_map(String::into_bytes),
         vec(0x21u8..=0xff, 1..40),
+        vec(
+            (1u8..=0xff).prop_filter("separator", |b| *b != b'\n' && *b != b' '),
+            1..40
+        ),
         Just(b"noreply".to_vec()),
         Just(vec![b'k'; 250]),
     ]

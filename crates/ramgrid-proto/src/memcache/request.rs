@@ -189,7 +189,8 @@ pub struct Keys<'a> {
 
 impl<'a> Keys<'a> {
     /// The keys in `span`, separated by spaces. The caller is responsible for key validity
-    /// (length, no control bytes); the parser checks that before building one.
+    /// (at most 250 bytes; no NUL, newline or space can be in one); the parser checks that before
+    /// building one.
     pub fn new(span: &'a [u8]) -> Self {
         Keys {
             span,

@@ -63,11 +63,13 @@ pub enum Opcode {
     Put = 0x31,
     /// Batched delete.
     Delete = 0x32,
+    /// This server's figures (server-wide and per table) as Prometheus text.
+    Metrics = 0x50,
 }
 
 impl Opcode {
     /// Every assigned opcode, in wire order.
-    pub const ALL: [Opcode; 18] = [
+    pub const ALL: [Opcode; 19] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::CreateTable,
@@ -86,6 +88,7 @@ impl Opcode {
         Opcode::Get,
         Opcode::Put,
         Opcode::Delete,
+        Opcode::Metrics,
     ];
 
     /// The opcode for a header byte, if assigned.
@@ -114,6 +117,7 @@ impl Opcode {
             Opcode::Get => "GET",
             Opcode::Put => "PUT",
             Opcode::Delete => "DELETE",
+            Opcode::Metrics => "METRICS",
         }
     }
 

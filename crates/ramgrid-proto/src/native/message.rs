@@ -55,6 +55,8 @@ pub enum Request<'a> {
         /// The message (`ramgrid_meta`'s encoding).
         message: &'a [u8],
     },
+    /// METRICS (empty body).
+    Metrics,
     /// GET.
     Get(KeyBatch<'a>),
     /// PUT.
@@ -105,6 +107,7 @@ impl<'a> Request<'a> {
             Opcode::Raft => Request::Raft {
                 message: r.bytes32("raft message")?,
             },
+            Opcode::Metrics => Request::Metrics,
             Opcode::Get | Opcode::Put | Opcode::Delete => unreachable!("handled above"),
         };
         r.finish()?;
@@ -129,6 +132,7 @@ impl<'a> Request<'a> {
             Request::ExportPartition(_) => Opcode::ExportPartition,
             Request::ClusterStatus => Opcode::ClusterStatus,
             Request::Raft { .. } => Opcode::Raft,
+            Request::Metrics => Opcode::Metrics,
             Request::Get(_) => Opcode::Get,
             Request::Put(_) => Opcode::Put,
             Request::Delete(_) => Opcode::Delete,
@@ -144,7 +148,11 @@ impl<'a> Request<'a> {
         let out = &mut *p.out;
         match self {
             Request::Hello(h) => h.write(out)?,
-            Request::Ping | Request::ListTables | Request::GetSpec | Request::ClusterStatus => {}
+            Request::Ping
+            | Request::ListTables
+            | Request::GetSpec
+            | Request::ClusterStatus
+            | Request::Metrics => {}
             Request::ExportPartition(x) => x.write(out)?,
             Request::CreateTable(c) => c.write(out)?,
             Request::DropTable { name } | Request::DescribeTable { name } => {
@@ -192,6 +200,8 @@ pub enum Response<'a> {
     Status(&'a str),
     /// OK to RAFT: the reply message.
     Raft(&'a [u8]),
+    /// OK to METRICS: Prometheus text exposition (format 0.0.4).
+    Metrics(&'a str),
     /// OK to GET.
     Get(GetReply<'a>),
     /// OK to PUT or DELETE.
@@ -247,6 +257,7 @@ impl<'a> Response<'a> {
                 Opcode::ExportPartition => Response::Export(ExportChunk::read(&mut r)?),
                 Opcode::ClusterStatus => Response::Status(r.str32("status")?),
                 Opcode::Raft => Response::Raft(r.bytes32("raft reply")?),
+                Opcode::Metrics => Response::Metrics(r.str32("metrics")?),
                 Opcode::Get => Response::Get(GetReply::read(&mut r)?),
                 Opcode::Put | Opcode::Delete => Response::KeyStatuses(KeyStatuses::read(&mut r)?),
             }
@@ -278,6 +289,7 @@ impl<'a> Response<'a> {
             Response::Export(_) => opcode == O::ExportPartition,
             Response::Status(_) => opcode == O::ClusterStatus,
             Response::Raft(_) => opcode == O::Raft,
+            Response::Metrics(_) => opcode == O::Metrics,
             Response::Get(_) => opcode == O::Get,
             Response::KeyStatuses(_) => matches!(opcode, O::Put | O::Delete),
         }
@@ -323,6 +335,9 @@ impl<'a> Response<'a> {
             Response::Export(x) => x.write(out)?,
             Response::Status(text) => wire::put_bytes32(out, text.as_bytes(), "status over 4 GiB")?,
             Response::Raft(m) => wire::put_bytes32(out, m, "raft reply over 4 GiB")?,
+            Response::Metrics(text) => {
+                wire::put_bytes32(out, text.as_bytes(), "metrics over 4 GiB")?
+            }
             Response::Get(g) => g.write(out)?,
             Response::KeyStatuses(k) => k.write(out)?,
         }

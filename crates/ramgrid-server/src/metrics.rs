@@ -1,0 +1,812 @@
+//! Metrics: the native protocol's counters (server-wide and per table), and their Prometheus text
+//! exposition, served over HTTP by `--metrics ADDR` and returned by the native METRICS opcode.
+//!
+//! Invariants relied on:
+//! 1. Every counter here lives in a [`WorkerStats`] and is written only by that worker's thread
+//!    (a worker is a single-threaded runtime), so a plain load + store is an increment (as
+//!    `WorkerStats::add`). Readers sum the workers; a scrape never takes a lock a request needs
+//!    except a worker's table map, which a connection locks only when it meets a table it has not
+//!    counted yet (each connection keeps the counters of the last table it used).
+//! 2. Counting happens once per native frame, never per key: a GET's hits are counted from the
+//!    status bytes the store wrote for the reply.
+//! 3. The HTTP endpoint runs on a thread of its own, so a slow scraper never delays a worker. It
+//!    reads one request of at most [`MAX_REQUEST`] bytes within [`READ_TIMEOUT`], answers, closes.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use ramgrid_proto::native::{Request, Status};
+use ramgrid_store::tables::KeyStatus;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+
+use crate::native::NativeState;
+use crate::stats::{Shared, WorkerStats};
+
+/// Upper bounds of the batch latency histogram buckets, in seconds (`+Inf` follows).
+pub const LATENCY_BUCKETS: [f64; 15] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5,
+];
+/// Refusal counters are indexed by the native status byte; statuses fit well below this.
+const STATUS_SLOTS: usize = 32;
+/// A worker counts at most this many table names; refusals naming further tables (which need
+/// not exist) are counted server-wide only, so a client cannot grow the map without bound.
+const MAX_TABLES_PER_WORKER: usize = 4096;
+/// The longest HTTP request the endpoint reads (request line and headers).
+pub const MAX_REQUEST: usize = 8 << 10;
+/// How long the endpoint waits for a whole request, and for its answer to be taken.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The data operations counted, in the order of the per-op arrays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// GET frames.
+    Get = 0,
+    /// PUT frames.
+    Put = 1,
+    /// DELETE frames.
+    Delete = 2,
+}
+
+const OPS: [(Op, &str); 3] = [(Op::Get, "get"), (Op::Put, "put"), (Op::Delete, "delete")];
+
+fn bump(counter: &AtomicU64, n: u64) {
+    WorkerStats::add(counter, n);
+}
+
+/// A latency histogram: per-bucket counts (not cumulative), the last one `+Inf`.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    sum_nanos: AtomicU64,
+}
+
+impl Histogram {
+    fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let i = LATENCY_BUCKETS
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        bump(&self.buckets[i], 1);
+        bump(
+            &self.sum_nanos,
+            u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
+        );
+    }
+}
+
+/// Counters of native data requests: one set per worker for the whole server, and one per
+/// worker per table.
+#[derive(Debug, Default)]
+pub struct NativeCounters {
+    /// Frames per [`Op`], answered or refused.
+    pub batches: [AtomicU64; 3],
+    /// Keys asked by GET frames that were answered.
+    pub gets: AtomicU64,
+    /// Of those, keys found.
+    pub hits: AtomicU64,
+    /// Of those, keys not found (or refused one by one, as a key over the size limit).
+    pub misses: AtomicU64,
+    /// Keys PUT frames stored.
+    pub puts: AtomicU64,
+    /// Keys PUT frames refused one by one (wrong type, too large, no memory).
+    pub put_failures: AtomicU64,
+    /// Keys asked by DELETE frames that were answered.
+    pub deletes: AtomicU64,
+    /// Of those, keys that were there and are gone.
+    pub delete_hits: AtomicU64,
+    /// Frames refused whole, by native status byte.
+    pub refused: [AtomicU64; STATUS_SLOTS],
+    /// Time from a frame's parse to its reply being ready (a log table's fsync included), per [`Op`].
+    pub latency: [Histogram; 3],
+}
+
+impl NativeCounters {
+    fn refuse(&self, status: Status) {
+        bump(&self.refused[(status as usize).min(STATUS_SLOTS - 1)], 1);
+    }
+
+    fn count(&self, op: Op, status: &[u8], refused: Option<Status>, elapsed: Duration) {
+        bump(&self.batches[op as usize], 1);
+        self.latency[op as usize].observe(elapsed);
+        if let Some(s) = refused {
+            self.refuse(s);
+            return;
+        }
+        let n = status.len() as u64;
+        let ok = status.iter().filter(|&&s| s == KeyStatus::Ok as u8).count() as u64;
+        match op {
+            Op::Get => {
+                bump(&self.gets, n);
+                bump(&self.hits, ok);
+                bump(&self.misses, n - ok);
+            }
+            Op::Put => {
+                bump(&self.puts, ok);
+                bump(&self.put_failures, n - ok);
+            }
+            Op::Delete => {
+                bump(&self.deletes, n);
+                bump(&self.delete_hits, ok);
+            }
+        }
+    }
+}
+
+/// One worker's per-table counters, by table name.
+#[derive(Debug, Default)]
+pub struct TableCounters {
+    map: Mutex<HashMap<String, Arc<NativeCounters>>>,
+}
+
+/// What a native connection keeps between frames: the counters of the table it used last.
+#[derive(Debug, Default)]
+pub struct ConnMetrics {
+    last: Option<(String, Arc<NativeCounters>)>,
+}
+
+impl ConnMetrics {
+    fn table(
+        &mut self,
+        stats: &WorkerStats,
+        name: &str,
+        create: bool,
+    ) -> Option<Arc<NativeCounters>> {
+        if let Some((n, c)) = &self.last {
+            if n == name {
+                return Some(c.clone());
+            }
+        }
+        let mut map = stats.tables.map.lock();
+        let c = match map.get(name) {
+            Some(c) => c.clone(),
+            None if create && map.len() < MAX_TABLES_PER_WORKER => {
+                map.entry(name.to_owned()).or_default().clone()
+            }
+            None => return None,
+        };
+        drop(map);
+        self.last = Some((name.to_owned(), c.clone()));
+        Some(c)
+    }
+
+    /// Counts one native frame: `status` holds the per-key statuses of an answered data request,
+    /// `refused` the status of a request refused whole, `started` when its handling began.
+    pub fn record(
+        &mut self,
+        stats: &WorkerStats,
+        req: &Request<'_>,
+        status: &[u8],
+        refused: Option<Status>,
+        started: Instant,
+    ) {
+        let (op, table) = match req {
+            Request::Get(b) => (Op::Get, b.table),
+            Request::Put(p) => (Op::Put, p.table),
+            Request::Delete(b) => (Op::Delete, b.table),
+            _ => {
+                if let Some(s) = refused {
+                    stats.native.refuse(s);
+                }
+                return;
+            }
+        };
+        let elapsed = started.elapsed();
+        stats.native.count(op, status, refused, elapsed);
+        // A table that does not exist (or a client not yet authenticated) gets no entry.
+        let create = !matches!(
+            refused,
+            Some(Status::NoSuchTable | Status::AuthRequired | Status::AuthFailed)
+        );
+        if let Some(t) = self.table(stats, table, create) {
+            t.count(op, status, refused, elapsed);
+        }
+    }
+}
+
+/// Where the METRICS opcode finds the server-wide state (set once, when the server starts).
+#[derive(Default)]
+pub struct Hook(OnceLock<Arc<Shared>>);
+
+impl Hook {
+    /// Called once by `server::start`.
+    pub fn set(&self, shared: Arc<Shared>) {
+        let _ = self.0.set(shared);
+    }
+
+    /// The exposition text, or `None` before the server has started.
+    pub fn render(&self, native: &NativeState) -> Option<String> {
+        self.0.get().map(|s| render(s, native))
+    }
+}
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("metrics::Hook")
+    }
+}
+
+/// Refuses a metrics address that other hosts could reach unless `--insecure-no-auth` says so:
+/// the endpoint has no authentication (it shows table names and figures, never data).
+pub fn check_addr(addr: SocketAddr, insecure_no_auth: bool) -> Result<(), String> {
+    if addr.ip().is_loopback() || insecure_no_auth {
+        return Ok(());
+    }
+    Err(format!(
+        "refusing to serve metrics on non-loopback address {addr}: the endpoint has no \
+         authentication; use a loopback address (and a proxy), or pass --insecure-no-auth"
+    ))
+}
+
+// --- exposition ---------------------------------------------------------------------------------
+
+/// Escapes a label value (exposition format 0.0.4: backslash, double quote, newline).
+fn label(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+struct Out(String);
+
+impl Out {
+    fn head(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    fn one(&mut self, name: &str, labels: &str, v: u64) {
+        if labels.is_empty() {
+            let _ = writeln!(self.0, "{name} {v}");
+        } else {
+            let _ = writeln!(self.0, "{name}{{{labels}}} {v}");
+        }
+    }
+
+    fn metric(&mut self, name: &str, kind: &str, help: &str, v: u64) {
+        self.head(name, kind, help);
+        self.one(name, "", v);
+    }
+}
+
+/// Sums of one worker-set of counters (the server's, or one table's).
+#[derive(Default)]
+struct Sums {
+    batches: [u64; 3],
+    gets: u64,
+    hits: u64,
+    misses: u64,
+    puts: u64,
+    put_failures: u64,
+    deletes: u64,
+    delete_hits: u64,
+    refused: [u64; STATUS_SLOTS],
+    buckets: [[u64; LATENCY_BUCKETS.len() + 1]; 3],
+    sum_nanos: [u64; 3],
+}
+
+impl Sums {
+    fn add(&mut self, c: &NativeCounters) {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        for i in 0..3 {
+            self.batches[i] += l(&c.batches[i]);
+            for (b, a) in self.buckets[i].iter_mut().zip(&c.latency[i].buckets) {
+                *b += l(a);
+            }
+            self.sum_nanos[i] += l(&c.latency[i].sum_nanos);
+        }
+        self.gets += l(&c.gets);
+        self.hits += l(&c.hits);
+        self.misses += l(&c.misses);
+        self.puts += l(&c.puts);
+        self.put_failures += l(&c.put_failures);
+        self.deletes += l(&c.deletes);
+        self.delete_hits += l(&c.delete_hits);
+        for (r, a) in self.refused.iter_mut().zip(&c.refused) {
+            *r += l(a);
+        }
+    }
+}
+
+/// The counter families shared by the server-wide and the per-table series: `prefix` is
+/// `ramgrid_native` or `ramgrid_table`, `rows` one label set (`table="t"` or empty) per sum.
+fn write_counters(out: &mut Out, prefix: &str, rows: &[(String, Sums)]) {
+    let sep = |l: &str| {
+        if l.is_empty() {
+            String::new()
+        } else {
+            format!("{l},")
+        }
+    };
+    type Family = (&'static str, &'static str, fn(&Sums) -> u64);
+    let fams: [Family; 7] = [
+        ("gets_total", "keys asked by answered GET frames", |s| {
+            s.gets
+        }),
+        ("hits_total", "keys GET frames found", |s| s.hits),
+        ("misses_total", "keys GET frames did not find", |s| s.misses),
+        ("puts_total", "keys PUT frames stored", |s| s.puts),
+        (
+            "put_failures_total",
+            "keys PUT frames refused one by one",
+            |s| s.put_failures,
+        ),
+        (
+            "deletes_total",
+            "keys asked by answered DELETE frames",
+            |s| s.deletes,
+        ),
+        ("delete_hits_total", "keys DELETE frames removed", |s| {
+            s.delete_hits
+        }),
+    ];
+    for (suffix, help, pick) in fams {
+        let name = format!("{prefix}_{suffix}");
+        out.head(&name, "counter", help);
+        for (l, s) in rows {
+            out.one(&name, l, pick(s));
+        }
+    }
+    let name = format!("{prefix}_batches_total");
+    out.head(
+        &name,
+        "counter",
+        "data frames (GET, PUT, DELETE), answered or refused",
+    );
+    for (l, s) in rows {
+        for (op, opname) in OPS {
+            out.one(
+                &name,
+                &format!("{}op=\"{opname}\"", sep(l)),
+                s.batches[op as usize],
+            );
+        }
+    }
+    let name = format!("{prefix}_refused_total");
+    out.head(
+        &name,
+        "counter",
+        "data frames refused whole, by reason (statuses seen so far)",
+    );
+    for (l, s) in rows {
+        for (i, &n) in s.refused.iter().enumerate() {
+            let reason = u8::try_from(i).ok().and_then(Status::from_u8);
+            if n > 0 {
+                let reason = reason.map_or("UNKNOWN", Status::name);
+                out.one(&name, &format!("{}reason=\"{reason}\"", sep(l)), n);
+            }
+        }
+    }
+    let name = format!("{prefix}_batch_seconds");
+    out.head(
+        &name,
+        "histogram",
+        "time from a data frame's parse to its reply (log fsync included)",
+    );
+    for (l, s) in rows {
+        for (op, opname) in OPS {
+            let i = op as usize;
+            let base = format!("{}op=\"{opname}\"", sep(l));
+            let mut cum = 0;
+            for (b, le) in LATENCY_BUCKETS.iter().enumerate() {
+                cum += s.buckets[i][b];
+                let _ = writeln!(out.0, "{name}_bucket{{{base},le=\"{le}\"}} {cum}");
+            }
+            cum += s.buckets[i][LATENCY_BUCKETS.len()];
+            let _ = writeln!(out.0, "{name}_bucket{{{base},le=\"+Inf\"}} {cum}");
+            let _ = writeln!(
+                out.0,
+                "{name}_sum{{{base}}} {}",
+                s.sum_nanos[i] as f64 / 1e9
+            );
+            let _ = writeln!(out.0, "{name}_count{{{base}}} {cum}");
+        }
+    }
+}
+
+/// The whole exposition (text format 0.0.4): server-wide figures, then one series per table
+/// this server has.
+pub fn render(shared: &Shared, native: &NativeState) -> String {
+    let mut out = Out(String::with_capacity(16 << 10));
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let sum = |pick: fn(&WorkerStats) -> &AtomicU64| shared.sum(pick);
+    let cache = shared.cache.stats();
+    out.metric(
+        "ramgrid_uptime_seconds",
+        "gauge",
+        "seconds since the server started",
+        shared.started.elapsed().as_secs(),
+    );
+    out.metric(
+        "ramgrid_connections",
+        "gauge",
+        "open client connections, both protocols",
+        load(&shared.curr_connections),
+    );
+    out.metric(
+        "ramgrid_connections_total",
+        "counter",
+        "client connections accepted",
+        load(&shared.total_connections),
+    );
+    out.metric(
+        "ramgrid_connections_rejected_total",
+        "counter",
+        "connections refused at --max-conns",
+        load(&shared.rejected_connections),
+    );
+    out.metric(
+        "ramgrid_bytes_read_total",
+        "counter",
+        "bytes read from clients, both protocols",
+        sum(|w| &w.bytes_read),
+    );
+    out.metric(
+        "ramgrid_bytes_written_total",
+        "counter",
+        "bytes written to clients, both protocols",
+        sum(|w| &w.bytes_written),
+    );
+    // The memcached keyspace: the same figures as `stats` (docs/protocol.md, section 5).
+    out.metric(
+        "ramgrid_memcached_items",
+        "gauge",
+        "items in the memcached keyspace",
+        cache.curr_items,
+    );
+    out.metric(
+        "ramgrid_memcached_bytes",
+        "gauge",
+        "bytes the memcached keyspace's items cost",
+        cache.bytes,
+    );
+    out.metric(
+        "ramgrid_memcached_limit_bytes",
+        "gauge",
+        "the memcached keyspace's memory limit (--memory)",
+        cache.limit_maxbytes,
+    );
+    out.metric(
+        "ramgrid_memcached_evictions_total",
+        "counter",
+        "items evicted to make room",
+        cache.evictions,
+    );
+    out.metric(
+        "ramgrid_memcached_reclaimed_total",
+        "counter",
+        "expired items removed",
+        cache.expired,
+    );
+    out.metric(
+        "ramgrid_memcached_gets_total",
+        "counter",
+        "keys asked by get, gets and mg",
+        sum(|w| &w.cmd_get),
+    );
+    out.metric(
+        "ramgrid_memcached_hits_total",
+        "counter",
+        "of those, keys found",
+        sum(|w| &w.get_hits),
+    );
+    out.metric(
+        "ramgrid_memcached_misses_total",
+        "counter",
+        "of those, keys not found",
+        sum(|w| &w.get_misses),
+    );
+    out.metric(
+        "ramgrid_memcached_sets_total",
+        "counter",
+        "storage commands and ms that reached the store",
+        sum(|w| &w.cmd_set),
+    );
+    out.metric(
+        "ramgrid_memcached_delete_hits_total",
+        "counter",
+        "delete and md that removed an item",
+        sum(|w| &w.delete_hits),
+    );
+    out.metric(
+        "ramgrid_memcached_delete_misses_total",
+        "counter",
+        "delete and md that found nothing",
+        sum(|w| &w.delete_misses),
+    );
+    let log = &crate::wal::STATS;
+    out.metric(
+        "ramgrid_log_commits_total",
+        "counter",
+        "native writes to log tables that waited for their log",
+        load(&log.commits),
+    );
+    out.metric(
+        "ramgrid_log_syncs_total",
+        "counter",
+        "fdatasyncs of table logs",
+        load(&log.syncs),
+    );
+
+    let mut server = Sums::default();
+    for w in &shared.workers {
+        server.add(&w.native);
+    }
+    write_counters(&mut out, "ramgrid_native", &[(String::new(), server)]);
+
+    let mut rows = Vec::new();
+    let infos: Vec<_> = native
+        .tables
+        .list()
+        .into_iter()
+        .filter_map(|n| native.tables.describe(&n).ok())
+        .collect();
+    out.head(
+        "ramgrid_table_versions",
+        "gauge",
+        "versions of the table this server has",
+    );
+    for t in &infos {
+        out.one(
+            "ramgrid_table_versions",
+            &format!("table=\"{}\"", label(&t.spec.name)),
+            t.versions.len() as u64,
+        );
+    }
+    out.head(
+        "ramgrid_table_current_version",
+        "gauge",
+        "the version readers get (0: none)",
+    );
+    for t in &infos {
+        out.one(
+            "ramgrid_table_current_version",
+            &format!("table=\"{}\"", label(&t.spec.name)),
+            u64::from(t.current),
+        );
+    }
+    for (name, help, pick) in [
+        (
+            "ramgrid_table_items",
+            "live keys of a version over the partitions held here",
+            (|v| v.items) as fn(&ramgrid_store::tables::VersionInfo) -> u64,
+        ),
+        (
+            "ramgrid_table_bytes",
+            "bytes a version's keys and values use here",
+            |v| v.bytes,
+        ),
+    ] {
+        out.head(name, "gauge", help);
+        for t in &infos {
+            for v in &t.versions {
+                out.one(
+                    name,
+                    &format!("table=\"{}\",version=\"{}\"", label(&t.spec.name), v.number),
+                    pick(v),
+                );
+            }
+        }
+    }
+    for t in &infos {
+        let mut s = Sums::default();
+        for w in &shared.workers {
+            if let Some(c) = w.tables.map.lock().get(&t.spec.name).cloned() {
+                s.add(&c);
+            }
+        }
+        rows.push((format!("table=\"{}\"", label(&t.spec.name)), s));
+    }
+    write_counters(&mut out, "ramgrid_table", &rows);
+    out.0
+}
+
+// --- HTTP ---------------------------------------------------------------------------------------
+
+/// Serves `GET /metrics` on `listener` from a thread of its own until `stop` turns true.
+pub fn spawn(
+    listener: std::net::TcpListener,
+    shared: Arc<Shared>,
+    native: Arc<NativeState>,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<JoinHandle<()>> {
+    listener.set_nonblocking(true)?;
+    std::thread::Builder::new()
+        .name("ramgrid-metrics".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("ramgrid-server: cannot start the metrics runtime: {e}");
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                    return;
+                };
+                loop {
+                    tokio::select! {
+                        r = listener.accept() => {
+                            let Ok((sock, _)) = r else { continue };
+                            let (shared, native) = (shared.clone(), native.clone());
+                            tokio::spawn(async move {
+                                let _ = tokio::time::timeout(
+                                    READ_TIMEOUT * 2,
+                                    serve_http(sock, &shared, &native),
+                                )
+                                .await;
+                            });
+                        }
+                        _ = stop.changed() => break,
+                    }
+                }
+            });
+        })
+}
+
+/// What an HTTP request asks for, from its head (request line and headers).
+#[derive(Debug, PartialEq, Eq)]
+enum Route {
+    Metrics { head_only: bool },
+    NotFound,
+    BadMethod,
+    Bad,
+}
+
+fn route(head: &[u8]) -> Route {
+    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let mut parts = line.split(|&b| b == b' ');
+    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Route::Bad;
+    };
+    if !version.starts_with(b"HTTP/1.") || parts.next().is_some() {
+        return Route::Bad;
+    }
+    let path = target.split(|&b| b == b'?').next().unwrap_or_default();
+    match method {
+        b"GET" | b"HEAD" if path == b"/metrics" => Route::Metrics {
+            head_only: method == b"HEAD",
+        },
+        b"GET" | b"HEAD" => Route::NotFound,
+        _ => Route::BadMethod,
+    }
+}
+
+async fn serve_http(mut sock: tokio::net::TcpStream, shared: &Shared, native: &NativeState) {
+    let mut buf = vec![0u8; MAX_REQUEST];
+    let mut n = 0;
+    let complete = tokio::time::timeout(READ_TIMEOUT, async {
+        loop {
+            match sock.read(&mut buf[n..]).await {
+                Ok(0) | Err(_) => return false,
+                Ok(k) => n += k,
+            }
+            let head = &buf[..n];
+            if head.windows(4).any(|w| w == b"\r\n\r\n") || head.windows(2).any(|w| w == b"\n\n") {
+                return true;
+            }
+            if n == buf.len() {
+                return false;
+            }
+        }
+    })
+    .await;
+    let (code, body, head_only) = match complete {
+        Ok(true) => match route(&buf[..n]) {
+            Route::Metrics { head_only } => ("200 OK", render(shared, native), head_only),
+            Route::NotFound => ("404 Not Found", "not found: try /metrics\n".into(), false),
+            Route::BadMethod => ("405 Method Not Allowed", "only GET\n".into(), false),
+            Route::Bad => ("400 Bad Request", "bad request\n".into(), false),
+        },
+        // Too long, closed early or too slow.
+        Ok(false) if n == buf.len() => {
+            ("431 Request Header Fields Too Large", String::new(), false)
+        }
+        _ => return,
+    };
+    let kind = if code.starts_with("200") {
+        "text/plain; version=0.0.4; charset=utf-8"
+    } else {
+        "text/plain; charset=utf-8"
+    };
+    let mut reply = format!(
+        "HTTP/1.1 {code}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if code.starts_with("405") {
+        reply.push_str("Allow: GET, HEAD\r\n");
+    }
+    reply.push_str("\r\n");
+    if !head_only {
+        reply.push_str(&body);
+    }
+    let _ = tokio::time::timeout(READ_TIMEOUT, async {
+        let _ = sock.write_all(reply.as_bytes()).await;
+        let _ = sock.shutdown().await;
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        assert_eq!(
+            route(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Route::Metrics { head_only: false }
+        );
+        assert_eq!(
+            route(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n"),
+            Route::Metrics { head_only: false }
+        );
+        assert_eq!(
+            route(b"HEAD /metrics HTTP/1.1\r\n\r\n"),
+            Route::Metrics { head_only: true }
+        );
+        assert_eq!(route(b"GET / HTTP/1.1\r\n\r\n"), Route::NotFound);
+        assert_eq!(route(b"GET /metricsx HTTP/1.1\r\n\r\n"), Route::NotFound);
+        assert_eq!(route(b"POST /metrics HTTP/1.1\r\n\r\n"), Route::BadMethod);
+        assert_eq!(route(b"GET /metrics\r\n\r\n"), Route::Bad);
+        assert_eq!(route(b"get k\r\n\r\n"), Route::Bad);
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    #[test]
+    fn a_histogram_puts_each_duration_in_its_bucket() {
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(10));
+        h.observe(Duration::from_micros(50));
+        h.observe(Duration::from_millis(3));
+        h.observe(Duration::from_secs(10));
+        let counts: Vec<u64> = h
+            .buckets
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed))
+            .collect();
+        assert_eq!(counts[0], 2, "<= 50 us");
+        assert_eq!(counts[6], 1, "<= 5 ms");
+        assert_eq!(counts[LATENCY_BUCKETS.len()], 1, "+Inf");
+        assert_eq!(counts.iter().sum::<u64>(), 4);
+    }
+
+    #[test]
+    fn counting_a_get_splits_hits_and_misses() {
+        let c = NativeCounters::default();
+        c.count(Op::Get, &[0, 1, 0, 2], None, Duration::ZERO);
+        c.count(Op::Put, &[0, 0, 4], None, Duration::ZERO);
+        c.count(Op::Delete, &[0, 1], None, Duration::ZERO);
+        c.count(Op::Get, &[], Some(Status::NotOwner), Duration::ZERO);
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        assert_eq!((l(&c.gets), l(&c.hits), l(&c.misses)), (4, 2, 2));
+        assert_eq!((l(&c.puts), l(&c.put_failures)), (2, 1));
+        assert_eq!((l(&c.deletes), l(&c.delete_hits)), (2, 1));
+        assert_eq!(l(&c.batches[Op::Get as usize]), 2);
+        assert_eq!(l(&c.refused[Status::NotOwner as usize]), 1);
+    }
+}
