@@ -354,7 +354,7 @@ class LocalGrid(Grid):
             last = self.status()
             leaders = {s.get("meta_leader") for s in last}
             if (
-                all(s.get("ok") and s.get("meta_members") == n for s in last)
+                all(s.get("ok") and s.get("meta_members") == n and s.get("quorum") == "ok" for s in last)
                 and len(leaders) == 1
                 and "none" not in leaders
             ):

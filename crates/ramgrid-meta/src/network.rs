@@ -232,6 +232,9 @@ pub(crate) enum Write {
     ChangeMembership {
         voters: std::collections::BTreeSet<NodeId>,
     },
+    RemoveLearners {
+        ids: std::collections::BTreeSet<NodeId>,
+    },
 }
 
 /// The reply to an [`Rpc`], variant for variant.

@@ -240,6 +240,18 @@ impl MetaNode {
         self.write(w).await.map(|_| ())
     }
 
+    /// Remove learners (members that do not vote) from the group: nodes that are gone for
+    /// good, such as a server's previous incarnation. Refused for a voter.
+    pub async fn remove_learners(
+        &self,
+        ids: impl IntoIterator<Item = NodeId>,
+    ) -> Result<(), MetaError> {
+        let w = Write::RemoveLearners {
+            ids: ids.into_iter().collect(),
+        };
+        self.write(w).await.map(|_| ())
+    }
+
     /// Propose `cmd` from any node: the leader appends it, a follower forwards it to the
     /// leader. `Ok` and `Err(Refused)` mean it committed (and was applied, or refused with the
     /// state unchanged); `Err(NoQuorum)` that no leader with a majority took it within the
@@ -512,6 +524,15 @@ impl MetaNode {
             }
             Write::ChangeMembership { voters } => {
                 match tokio::time::timeout_at(deadline, raft.change_membership(voters, true)).await
+                {
+                    Ok(Ok(_)) => Ok(Ok(Ok(MetaReply::Done))),
+                    Ok(Err(e)) => Ok(Err(write_error(e))),
+                    Err(elapsed) => Err(elapsed),
+                }
+            }
+            Write::RemoveLearners { ids } => {
+                let change = openraft::ChangeMembers::RemoveNodes(ids);
+                match tokio::time::timeout_at(deadline, raft.change_membership(change, false)).await
                 {
                     Ok(Ok(_)) => Ok(Ok(Ok(MetaReply::Done))),
                     Ok(Err(e)) => Ok(Err(write_error(e))),

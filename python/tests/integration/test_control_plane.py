@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import ramgrid
 from _jobs import Jobs, check_all, load, value_of
+from ramgrid.exceptions import TableExists
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -170,3 +171,35 @@ def test_the_leader_killed_another_is_elected_and_the_catalog_changes_go_on() ->
             v.put_many(base, value_of(base))
         check_all(g.spec, "lead", base)
         check_all(g.spec, "after", np.arange(1_000, dtype=np.int64))
+
+
+def _create_racing(spec: str, name: str, dim: int, start: Any, outcomes: list[str]) -> None:
+    c = ramgrid.connect(spec)  # each its own client, as two jobs would be
+    start.wait()
+    try:
+        c.create_table(name, partitions=8, replication=2, value_type=("f32vec", dim))
+        outcomes.append(f"won {dim}")
+    except TableExists:
+        outcomes.append("exists")
+
+
+def test_two_clients_creating_one_table_at_once_one_wins_everywhere() -> None:
+    import threading
+
+    with _grid() as g:
+        for round_ in range(5):
+            name = f"race{round_}"
+            outcomes: list[str] = []
+            start = threading.Barrier(2)
+            threads = [threading.Thread(target=_create_racing, args=(g.spec, name, d, start, outcomes)) for d in (2, 3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=30)
+            winners = [o for o in outcomes if o.startswith("won")]
+            assert len(outcomes) == 2 and len(winners) == 1, outcomes
+            dim = int(winners[0].split()[1])
+            # Every server holds the winner's table, and it works.
+            t = ramgrid.connect(g.spec).table(name)
+            t.put_many([b"k"], np.ones((1, dim), dtype=np.float32))
+            assert t.get_many([b"k"]).shape == (1, dim)

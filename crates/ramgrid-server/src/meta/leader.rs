@@ -2,8 +2,10 @@
 //! answering, put it back when it answers again, and keep the group's membership on the
 //! servers of the spec (learners added, up to three live voters).
 //!
-//! **Failure detection.** The leader PINGs every server of the spec (and the failed ones, and a
-//! move's target) every [`PING_EVERY`], each PING bounded by [`PING_TIMEOUT`]. A server of the
+//! **Failure detection.** The leader asks every server of the spec (and the failed ones, and a
+//! move's target) for its status every [`PING_EVERY`], each request bounded by [`PING_TIMEOUT`];
+//! the answer also names the server's node id, so a server restarted on its address without
+//! its Raft state is seen as the new node it is (added, and its old id dropped). A server of the
 //! spec that has not answered for `failure_timeout` (counted from the later of its last answer
 //! and the moment this node became leader) is failed over: `FailOver` takes it out of the spec,
 //! its partitions get other replicas, and those copy them in from the survivors (the repair
@@ -24,9 +26,9 @@ use tokio::time::Instant;
 use super::Meta;
 use crate::native::NativeState;
 
-/// How often every server is PINGed.
+/// How often every server is probed.
 const PING_EVERY: Duration = Duration::from_millis(250);
-/// How long a PING may take.
+/// How long a probe (CLUSTER_STATUS) may take.
 const PING_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long a failed server must answer before it rejoins.
 const REJOIN_AFTER: Duration = Duration::from_secs(1);
@@ -169,41 +171,39 @@ impl Leader {
         }
     }
 
-    /// PINGs every watched server (and asks the node id of those whose id is unknown).
+    /// Asks every watched server for its status (liveness, and its node id: a server restarted
+    /// on its address without its Raft state is a new node).
     async fn probe(&mut self, meta: &Meta, watched: &BTreeSet<String>) {
         let mut set = JoinSet::new();
         for addr in watched {
             let pool = meta.pool.clone();
             let addr = addr.clone();
-            let want_id = !self.ids.contains_key(&addr);
             set.spawn(async move {
                 let deadline = Instant::now() + PING_TIMEOUT;
-                if want_id {
-                    let id = pool.status(&addr, deadline).await.ok().and_then(|lines| {
-                        lines
-                            .iter()
-                            .find(|(k, _)| k == "meta_id")
-                            .and_then(|(_, v)| v.parse::<NodeId>().ok())
-                    });
-                    (addr, id.is_some(), id)
-                } else {
-                    (addr.clone(), pool.ping(&addr, deadline).await, None)
-                }
+                let id = pool.status(&addr, deadline).await.map(|lines| {
+                    lines
+                        .iter()
+                        .find(|(k, _)| k == "meta_id")
+                        .and_then(|(_, v)| v.parse::<NodeId>().ok())
+                });
+                (addr, id)
             });
         }
         let now = Instant::now();
         while let Some(r) = set.join_next().await {
-            let Ok((addr, ok, id)) = r else { continue };
-            if ok {
-                self.last_ok.insert(addr.clone(), now);
-                self.ok_since.entry(addr.clone()).or_insert(now);
-                if let Some(id) = id {
-                    self.ids.insert(addr, id);
+            let Ok((addr, id)) = r else { continue };
+            match id {
+                Ok(id) => {
+                    self.last_ok.insert(addr.clone(), now);
+                    self.ok_since.entry(addr.clone()).or_insert(now);
+                    match id {
+                        Some(id) => self.ids.insert(addr, id),
+                        None => self.ids.remove(&addr),
+                    };
                 }
-            } else {
-                self.ok_since.remove(&addr);
-                // It may come back as another process (a new node id): ask again then.
-                self.ids.remove(&addr);
+                Err(_) => {
+                    self.ok_since.remove(&addr);
+                }
             }
         }
     }
@@ -234,6 +234,31 @@ impl Leader {
             }
         }
         let status = meta.node.status();
+        // Members that are no server's current node: a previous incarnation at an address that
+        // now answers under another id, or an address no longer watched. Learners among them are
+        // removed (voters are first replaced below, then removed on a later tick).
+        let stale: BTreeSet<NodeId> = status
+            .members
+            .iter()
+            .filter(|(id, m)| {
+                !status.voters.contains(id)
+                    && match self.ids.get(&m.addr) {
+                        Some(current) => current != *id,
+                        None => !watched.contains(&m.addr),
+                    }
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        if !stale.is_empty() {
+            match meta.node.remove_learners(stale.clone()).await {
+                Ok(()) => meta.events.note(
+                    |e| e.membership_changes += 1,
+                    format!("removed stale metadata group members {stale:?}"),
+                ),
+                Err(e) => eprintln!("ramgrid-server: cannot remove stale members: {e}"),
+            }
+            return;
+        }
         let now = Instant::now();
         let live = |id: &NodeId| {
             status.members.get(id).is_some_and(|m| {

@@ -282,7 +282,8 @@ impl Meta {
         state: &NativeState,
         req: &Request<'_>,
     ) -> Result<(), ErrorReply> {
-        if !self.member.load(Ordering::Acquire) {
+        // Asked of the node, not the keeper's flag, which may lag a just-added member by a tick.
+        if !self.is_member() {
             return Ok(());
         }
         self.check_quorum()?;
