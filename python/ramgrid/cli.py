@@ -285,6 +285,9 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
         return 1
     finally:
         grid.close()
+    live = [s for s in statuses if s.get("ok")]
+    if live:
+        print(_group_summary(live))
     for s in statuses:
         if not s.get("ok"):
             ok = False
@@ -292,10 +295,35 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
             continue
         moving = f"\tmoving to {s['next']}" if s.get("next") else ""
         print(
-            f"{s['server']}\tepoch {int(s.get('epoch', 0)):016x}\tpending partitions {s.get('pending_partitions')}"
+            f"{s['server']}\t{_role(s)}\tepoch {int(s.get('epoch', 0)):016x}\tquorum {s.get('quorum', '-')}"
+            f"\tpending partitions {s.get('pending_partitions')}"
             f"\tcopied {s.get('copied_partitions')} partitions, {s.get('copied_bytes')} bytes{moving}"
         )
+        for line in str(s.get("repairing") or "").split("; "):
+            if line:
+                print(f"  repairing {line}")
     return 0 if ok else 1
+
+
+def _group_summary(statuses: list[dict[str, Any]]) -> str:
+    """One line about the metadata group, as the first server that names a leader sees it."""
+    s = next((s for s in statuses if str(s.get("meta_leader", "none")) != "none"), statuses[0])
+    leader = str(s.get("meta_leader", "none")).split(" ")[0]
+    failed = s.get("failed")
+    line = f"metadata group: leader {leader}, term {s.get('meta_term', '-')}, {s.get('meta_members', 0)} members"
+    line += f", failure timeout {int(s.get('failure_timeout_ms', 0)) / 1000:g} s"
+    return line + (f", failed over (not back yet): {failed}" if failed else "")
+
+
+def _role(s: dict[str, Any]) -> str:
+    """leader, voter or learner in the metadata group (or "-" outside one)."""
+    if str(s.get("meta_leader", "")).split(" ")[0] == s["server"]:
+        return "leader"
+    for m in str(s.get("meta_member") or "").split("; "):
+        parts = m.split(" ")
+        if len(parts) == 3 and parts[0] == s["server"]:
+            return parts[2]
+    return "-"
 
 
 def _update_state_addresses(args: argparse.Namespace, to: Sequence[str]) -> None:
