@@ -78,15 +78,16 @@
 //!
 //! # Seams for the server, and what is not done yet
 //!
-//! The server will embed a node with [`MetaNode::start_with`], carrying RPCs over its own port:
-//! it implements [`Transport`] for outgoing requests and hands incoming ones to
-//! [`MetaNode::handle_rpc`]. Known limits of this first cut:
+//! The server embeds a node with [`MetaNode::start_with`] (`ramgrid-server/src/meta/`), carrying
+//! RPCs over its own native port (the RAFT opcode) with a pooled [`Transport`] and handing
+//! incoming ones to [`MetaNode::handle_rpc`]. Every request names the node it is meant for, so a
+//! process that answers at a member's address under another id refuses it. Known limits:
 //!
 //! 1. File I/O (appends with their fsync, snapshot writes) runs on the calling tokio worker
 //!    (under `block_in_place` on a multi-threaded runtime, so other tasks move off it), not on
 //!    a dedicated I/O thread; appends are not batched across proposals beyond what openraft
 //!    hands over at once.
-//! 2. [`TcpTransport`] opens a connection per RPC (a loopback connect per heartbeat per peer).
+//! 2. [`TcpTransport`] (the stand-alone transport, for tests) opens a connection per RPC.
 //! 3. The commit index is not persisted, so a restarted node shows its snapshot's state until a
 //!    leader tells it what is committed (one heartbeat once a leader exists).
 //! 4. A node dropped without [`MetaNode::shutdown`] keeps its Raft task running.
