@@ -104,12 +104,14 @@ def test_a_killed_server_is_failed_over_writes_resume_and_it_rejoins() -> None:
         check_all(g.spec, "fo", np.concatenate([base, books.acked_keys()]))
 
 
-def test_a_paused_server_is_failed_over_and_serves_nothing_stale_when_resumed() -> None:
+@pytest.mark.parametrize("who", ["follower", "leader"])
+def test_a_paused_server_is_failed_over_and_serves_nothing_stale_when_resumed(who: str) -> None:
     with _grid() as g:
         t = g.create_table("pause", partitions=16, replication=2, value_type="i64")
         keys = np.arange(BASE_KEYS, dtype=np.int64)
         t.put_many(keys, keys)
-        victim = next(i for i, a in enumerate(g.addresses) if a != _leader(g))
+        leader = _leader(g)
+        victim = next(i for i, a in enumerate(g.addresses) if (a == leader) == (who == "leader"))
         addr = g.addresses[victim]
         old_spec = g.spec
         pid = g.pids[victim]
