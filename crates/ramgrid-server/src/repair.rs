@@ -12,6 +12,14 @@
 //!    (`Tables::import_image`); only then does this server serve reads of it. A partition no
 //!    replica can give stays pending (reads go elsewhere, or fail as unavailable): never served
 //!    empty.
+//! 4. **Replayed logs.** At a restart, the open versions of log tables replayed from this
+//!    server's own logs are pending too, with their content ([`reconcile_replayed`]): each
+//!    partition that another replica holds is copied from one that serves it, which replaces the
+//!    replay (the replica may have taken writes while this server was down). If *no* other
+//!    replica serves it (each is unreachable, restarting itself and answering REPAIRING, or
+//!    lacks the table), the replay is served as it is ([`Tables::serve_replayed`]): a whole
+//!    cluster restarting at once must not wait for itself. A version whose log was damaged is
+//!    never served this way: it waits for a copy.
 //!
 //! One thread, one partition at a time: a repair competes little with the traffic the server
 //! serves meanwhile. It wakes on every spec change and otherwise every [`PERIOD`].
@@ -24,7 +32,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use ramgrid_proto::cluster::{ClusterSpec, PartitionMap};
 use ramgrid_proto::native::{self as wire, ExportRequest, Request, Response, Status};
-use ramgrid_store::tables::{Durability, TableSpec, ValueRef};
+use ramgrid_store::tables::{Durability, TableSpec, Tables, ValueRef};
 
 use crate::native::{store_value_type, NativeState};
 use crate::peer::{Peer, PeerError};
@@ -308,6 +316,68 @@ fn adopt(state: &NativeState, name: &str, infos: Vec<wire::TableInfo>) -> Result
     Ok(())
 }
 
+/// After a restart from the data directory: marks pending the partitions of the open versions
+/// of log table `name` replayed from this server's logs (module docs, item 4). `replayed` are
+/// the versions replayed whole, each partition of which is reconciled with a replica if another
+/// replica holds it (and served as replayed if none can give it); `copying` are those whose log
+/// was damaged (set aside, started afresh), every held partition of which must be copied.
+pub fn reconcile_replayed(state: &NativeState, name: &str, replayed: &[u32], copying: &[u32]) {
+    let Ok(info) = state.tables.describe(name) else {
+        return;
+    };
+    let cluster = state.cluster.read().clone();
+    let others: Vec<u32> = match &cluster {
+        Some(c) => {
+            let map = PartitionMap::new(&c.spec, info.spec.partitions, info.spec.replication);
+            let me = c.index;
+            (0..info.spec.partitions)
+                .filter(|&p| info.held.contains(&p))
+                .filter(|&p| map.replicas(p).iter().any(|&i| Some(i) != me))
+                .collect()
+        }
+        None => Vec::new(),
+    };
+    for &v in replayed {
+        let (parts, servable) = if copying.contains(&v) {
+            (&info.held, false)
+        } else {
+            (&others, true)
+        };
+        if parts.is_empty() {
+            continue;
+        }
+        match state.tables.mark_replayed_pending(name, v, parts, servable) {
+            Ok(()) => eprintln!(
+                "ramgrid-server: repair: {name} v{v}: {} replayed partitions to {} a replica",
+                parts.len(),
+                if servable {
+                    "reconcile with"
+                } else {
+                    "copy from (its log was damaged)"
+                }
+            ),
+            Err(e) => state.repair.fail(format!("{name} v{v}: {e}")),
+        }
+    }
+}
+
+/// Why one copy failed.
+enum CopyError {
+    /// Asking the source: it refused or could not be reached.
+    Fetch(PeerError),
+    /// Taking the copy in here (import or log).
+    Local(String),
+}
+
+impl std::fmt::Display for CopyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CopyError::Fetch(e) => e.fmt(f),
+            CopyError::Local(m) => f.write_str(m),
+        }
+    }
+}
+
 /// Copies in every pending partition of table `name`.
 fn copy_pending(state: &NativeState, name: &str) {
     let Ok(pending) = state.tables.pending(name) else {
@@ -336,6 +406,9 @@ fn copy_pending(state: &NativeState, name: &str) {
                 .filter(|a| **a != state.server_id)
                 .collect();
             let mut gone = 0usize;
+            // Sources that do not serve the partition: unreachable, restarting (REPAIRING),
+            // or without the table (restarted empty).
+            let mut absent = 0usize;
             let mut quiet = false;
             let mut why = Vec::new();
             let mut done = false;
@@ -345,22 +418,57 @@ fn copy_pending(state: &NativeState, name: &str) {
                         done = true;
                         break;
                     }
-                    Err(PeerError::Refused(e)) if e.status == Status::NoSuchVersion => {
+                    Err(CopyError::Fetch(PeerError::Refused(e)))
+                        if e.status == Status::NoSuchVersion =>
+                    {
                         gone += 1;
                         why.push(format!("{src}: no such version"));
                     }
                     // Not at our spec yet (a move reaching it): try again on the next pass.
-                    Err(PeerError::Refused(e)) if e.status == Status::WrongEpoch => {
+                    Err(CopyError::Fetch(PeerError::Refused(e)))
+                        if e.status == Status::WrongEpoch =>
+                    {
                         why.push(format!("{src}: not at this epoch yet"));
                         quiet = true;
                     }
+                    Err(CopyError::Fetch(PeerError::Refused(e)))
+                        if matches!(e.status, Status::Repairing | Status::NoSuchTable) =>
+                    {
+                        absent += 1;
+                        why.push(format!("{src}: {} {}", e.status.name(), e.message));
+                    }
                     Err(e) => {
+                        if matches!(e, CopyError::Fetch(PeerError::Failed(_))) {
+                            absent += 1;
+                        }
                         peers.remove(*src);
                         why.push(format!("{src}: {e}"));
                     }
                 }
             }
             if done {
+                if !v.sealed {
+                    copied_into_open(state, &info.spec, v.version);
+                }
+                continue;
+            }
+            if absent == sources.len()
+                && state
+                    .tables
+                    .serve_replayed(name, v.version, p)
+                    .unwrap_or(false)
+            {
+                // No other replica serves it (a whole-cluster restart): what this server's own
+                // log holds is the best there is, and waiting would wait for itself.
+                eprintln!(
+                    "ramgrid-server: repair: {name} v{} partition {p}: served as replayed from this server's log, no other replica serves it ({})",
+                    v.version,
+                    if why.is_empty() {
+                        "no other replica".to_string()
+                    } else {
+                        why.join("; ")
+                    }
+                );
                 continue;
             }
             if !sources.is_empty() && gone == sources.len() {
@@ -396,10 +504,11 @@ fn copy_one(
     spec: &TableSpec,
     (epoch, version): (u64, u32),
     partition: u32,
-) -> Result<(), PeerError> {
+) -> Result<(), CopyError> {
     let started = Instant::now();
     if !peers.contains_key(src) {
-        peers.insert(src.to_owned(), Peer::connect(src, token(state))?);
+        let peer = Peer::connect(src, token(state)).map_err(CopyError::Fetch)?;
+        peers.insert(src.to_owned(), peer);
     }
     let peer = peers.get_mut(src).expect("just inserted");
     let (mut id, mut image, mut sealed, mut total) = (0u64, Vec::new(), false, u64::MAX);
@@ -424,41 +533,71 @@ fn copy_one(
                 Ok(())
             }
             other => Err(format!("unexpected reply: {other:?}")),
-        })?;
+        })
+        .map_err(CopyError::Fetch)?;
         if image.len() == before && (image.len() as u64) < total {
-            return Err(PeerError::Failed(format!(
+            return Err(CopyError::Fetch(PeerError::Failed(format!(
                 "{src}: empty chunk before the end"
-            )));
+            ))));
         }
     }
-    let items = state
+    let (items, dropped) = state
         .tables
-        .import_image(&spec.name, version, partition, &image)
-        .map_err(|e| PeerError::Failed(format!("import from {src}: {e}")))?;
-    log_copy(state, spec, version, partition)
-        .map_err(|e| PeerError::Failed(format!("logging the copy from {src}: {e}")))?;
+        .import_image_dropping(&spec.name, version, partition, &image)
+        .map_err(|e| CopyError::Local(format!("import from {src}: {e}")))?;
+    log_copy(state, spec, version, partition, &dropped)
+        .map_err(|e| CopyError::Local(format!("logging the copy from {src}: {e}")))?;
     let r = &state.repair;
     r.copied_partitions.fetch_add(1, Ordering::Relaxed);
     r.copied_bytes
         .fetch_add(image.len() as u64, Ordering::Relaxed);
     eprintln!(
-        "ramgrid-server: repair: copied {} v{version} ({}) partition {partition} from {src}: {items} items, {} bytes, {:.0} ms",
+        "ramgrid-server: repair: copied {} v{version} ({}) partition {partition} from {src}: {items} items{}, {} bytes, {:.0} ms",
         spec.name,
         if sealed { "sealed" } else { "open" },
+        if dropped.is_empty() {
+            String::new()
+        } else {
+            format!(" ({} dropped here: the replica no longer has them)", dropped.len())
+        },
         image.len(),
         started.elapsed().as_secs_f64() * 1e3
     );
     Ok(())
 }
 
+/// After a copy into open version `version`: once none of its held partitions is pending, a log
+/// table's version no longer needs a copy at its next restart (persist.rs, a damaged log's mark).
+fn copied_into_open(state: &NativeState, spec: &TableSpec, version: u32) {
+    let Some(persist) = &state.persist else {
+        return;
+    };
+    if spec.durability != Durability::Log || still_pending(&state.tables, &spec.name, version) {
+        return;
+    }
+    if let Err(e) = persist.copy_done(spec, version) {
+        state.repair.fail(e);
+    }
+}
+
+fn still_pending(tables: &Tables, name: &str, version: u32) -> bool {
+    tables
+        .pending(name)
+        .map(|p| p.iter().any(|v| v.version == version))
+        .unwrap_or(true)
+}
+
 /// A copy into an open version of a log table goes into its write-ahead log too, or a restart
-/// would replay the writes since the copy without the copy. Appended under the partition's read
-/// lock, so every later write's record follows it in the log.
+/// would replay the writes since the copy without the copy: the deletion of the keys the copy
+/// dropped (those still absent), then every key the partition holds. Appended under the
+/// partition's read lock, so every later write's record follows it in the log, and a key
+/// written again between the import and this lock is logged as it is now.
 fn log_copy(
     state: &NativeState,
     spec: &TableSpec,
     version: u32,
     partition: u32,
+    dropped: &[Box<[u8]>],
 ) -> Result<(), String> {
     let Some(persist) = &state.persist else {
         return Ok(());
@@ -487,9 +626,13 @@ fn log_copy(
                     (k, b)
                 })
                 .collect();
+            let gone = dropped
+                .iter()
+                .filter(|k| view.get(k).is_none())
+                .map(|k| crate::wal::Op::Delete(k));
             log.append(
                 partition,
-                bytes.iter().map(|(k, v)| crate::wal::Op::Put(k, v)),
+                gone.chain(bytes.iter().map(|(k, v)| crate::wal::Op::Put(k, v))),
             )
         })
         .map_err(|e| e.to_string())?;

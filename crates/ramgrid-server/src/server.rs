@@ -169,6 +169,8 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
             |msg| eprintln!("ramgrid-server: data dir: {msg}"),
         );
         for l in loaded {
+            // Replayed open versions are reconciled with a live replica before they are read.
+            crate::repair::reconcile_replayed(&native, &l.name, &l.replayed, &l.copying);
             let replayed = if l.replayed.is_empty() {
                 String::new()
             } else {
