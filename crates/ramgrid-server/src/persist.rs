@@ -295,6 +295,25 @@ impl Persist {
         }
     }
 
+    /// A partition of sealed version `version` copied from a replica (a repair, a move): its
+    /// image is written where a seal would have written it, so the next restart loads it instead
+    /// of copying it again (or, with no replica up, refusing it). Nothing for a memory table.
+    pub fn store_image(
+        &self,
+        spec: &TableSpec,
+        version: u32,
+        partition: u32,
+        image: &[u8],
+    ) -> Result<(), String> {
+        if spec.durability == Durability::Memory {
+            return Ok(());
+        }
+        let vdir = self.table_dir(spec).join(format!("v{version}"));
+        fs::create_dir_all(&vdir).map_err(|e| io_msg("cannot create", &vdir, e))?;
+        let path = vdir.join(format!("p{partition}.img"));
+        write_atomic(&path, image).map_err(|e| io_msg("cannot write", &path, e))
+    }
+
     /// A damaged log of version `v`: marks the version as waiting for a copy, sets the file
     /// aside (`.log.corrupt`, kept for inspection) and starts an empty log in its place, which
     /// takes the writes made meanwhile and the copy. In this order, so that a crash at any step

@@ -321,9 +321,16 @@ fn adopt(state: &NativeState, name: &str, infos: Vec<wire::TableInfo>) -> Result
 /// the versions replayed whole, each partition of which is reconciled with a replica if another
 /// replica holds it (and served as replayed if none can give it); `copying` are those whose log
 /// was damaged (set aside, started afresh), every held partition of which must be copied.
-pub fn reconcile_replayed(state: &NativeState, name: &str, replayed: &[u32], copying: &[u32]) {
+/// Returns the (version, partitions) marked servable, for [`serve_unserved`].
+pub fn reconcile_replayed(
+    state: &NativeState,
+    name: &str,
+    replayed: &[u32],
+    copying: &[u32],
+) -> Vec<(u32, Vec<u32>)> {
+    let mut servable_marked = Vec::new();
     let Ok(info) = state.tables.describe(name) else {
-        return;
+        return servable_marked;
     };
     let cluster = state.cluster.read().clone();
     let others: Vec<u32> = match &cluster {
@@ -347,18 +354,113 @@ pub fn reconcile_replayed(state: &NativeState, name: &str, replayed: &[u32], cop
             continue;
         }
         match state.tables.mark_replayed_pending(name, v, parts, servable) {
-            Ok(()) => eprintln!(
-                "ramgrid-server: repair: {name} v{v}: {} replayed partitions to {} a replica",
-                parts.len(),
+            Ok(()) => {
+                eprintln!(
+                    "ramgrid-server: repair: {name} v{v}: {} replayed partitions to {} a replica",
+                    parts.len(),
+                    if servable {
+                        "reconcile with"
+                    } else {
+                        "copy from (its log was damaged)"
+                    }
+                );
                 if servable {
-                    "reconcile with"
-                } else {
-                    "copy from (its log was damaged)"
+                    servable_marked.push((v, parts.clone()));
                 }
-            ),
+            }
             Err(e) => state.repair.fail(format!("{name} v{v}: {e}")),
         }
     }
+    servable_marked
+}
+
+/// Before the server accepts connections: the replayed partitions of `marked` (table, version,
+/// partitions) that no other replica serves *now* are served as replayed at once (module docs,
+/// item 4), so a whole-cluster restart serves as soon as each server listens rather than after
+/// its repair thread's first pass. Each peer is asked once (CLUSTER_STATUS: it is unreachable,
+/// or it lists the partition as repairing); a partition some peer serves stays pending, and is
+/// copied once this server takes writes (a copy taken before would miss the writes made until
+/// then).
+pub fn serve_unserved(state: &NativeState, marked: &[(String, u32, Vec<u32>)]) {
+    if marked.is_empty() {
+        return;
+    }
+    let Some(cluster) = state.cluster.read().clone() else {
+        return;
+    };
+    let members = cluster.spec.members();
+    // Per peer: None if unreachable, else the (table, version, partition) it is repairing.
+    let mut status: HashMap<String, Option<Vec<Repairing>>> = HashMap::new();
+    for (name, v, parts) in marked {
+        let Ok(info) = state.tables.describe(name) else {
+            continue;
+        };
+        let map = PartitionMap::new(&cluster.spec, info.spec.partitions, info.spec.replication);
+        let mut served = 0usize;
+        for &p in parts {
+            let sources: Vec<&String> = map
+                .replicas(p)
+                .iter()
+                .map(|&i| &members[i as usize])
+                .filter(|a| **a != state.server_id)
+                .collect();
+            let unserved = sources.iter().all(|src| {
+                let st = status
+                    .entry((*src).clone())
+                    .or_insert_with(|| repairing_on(state, src));
+                match st {
+                    None => true,
+                    Some(list) => list
+                        .iter()
+                        .any(|(n, lv, lp)| n == name && lv == v && *lp == p),
+                }
+            });
+            if unserved && state.tables.serve_replayed(name, *v, p).unwrap_or(false) {
+                served += 1;
+            }
+        }
+        if served > 0 {
+            eprintln!(
+                "ramgrid-server: repair: {name} v{v}: {served} of {} replayed partitions served \
+                 as replayed from this server's log, no other replica serves them",
+                parts.len()
+            );
+        }
+    }
+}
+
+/// A (table, version, partition) a peer is copying in.
+type Repairing = (String, u32, u32);
+
+/// What peer `addr` is repairing (CLUSTER_STATUS `repairing` lines), or `None` if it does not
+/// answer.
+fn repairing_on(state: &NativeState, addr: &str) -> Option<Vec<Repairing>> {
+    let text = Peer::connect(addr, token(state))
+        .and_then(|mut p| {
+            p.call(&Request::ClusterStatus, |r| match r {
+                Response::Status(t) => Ok(t.to_owned()),
+                other => Err(format!("unexpected reply: {other:?}")),
+            })
+        })
+        .ok()?;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        // `repairing <name> v<version> partitions <p>,<p>,...` (names may hold spaces).
+        let Some(rest) = line.strip_prefix("repairing ") else {
+            continue;
+        };
+        let Some((head, parts)) = rest.rsplit_once(" partitions ") else {
+            continue;
+        };
+        let Some((name, v)) = head.rsplit_once(" v") else {
+            continue;
+        };
+        let Ok(v) = v.parse::<u32>() else { continue };
+        for p in parts.split(',').filter_map(|p| p.parse::<u32>().ok()) {
+            out.push((name.to_owned(), v, p));
+        }
+    }
+    Some(out)
 }
 
 /// Why one copy failed.
@@ -547,6 +649,15 @@ fn copy_one(
         .map_err(|e| CopyError::Local(format!("import from {src}: {e}")))?;
     log_copy(state, spec, version, partition, &dropped)
         .map_err(|e| CopyError::Local(format!("logging the copy from {src}: {e}")))?;
+    if let (true, Some(persist)) = (sealed, &state.persist) {
+        // Served from memory either way; on disk, the next restart need not copy it again.
+        if let Err(e) = persist.store_image(spec, version, partition, &image) {
+            state.repair.fail(format!(
+                "{} v{version} partition {partition}: {e}",
+                spec.name
+            ));
+        }
+    }
     let r = &state.repair;
     r.copied_partitions.fetch_add(1, Ordering::Relaxed);
     r.copied_bytes

@@ -7,6 +7,7 @@ in for a full disk) is refused with the data directory's error, not acknowledged
 from __future__ import annotations
 
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -407,3 +408,94 @@ def read_alone_all(c: Cluster, keys: np.ndarray, want: dict[int, float]) -> bool
         return bool(np.array_equal(got, np.array([want.get(int(k), -7.0) for k in keys])))
     finally:
         g.close()
+
+
+def test_a_data_dir_from_another_grid_is_not_served(tmp_path: Path) -> None:
+    """A server restarted on the data dir of a server of another grid, whose table of the same name is another
+    incarnation with another value type: requests name the incarnation, so the foreign table answers none of them
+    (reads go to the other replica); the repair thread replaces it with this grid's incarnation, copied from the
+    replicas, and the server then serves this grid's values on its own."""
+    parts = 8
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = Cluster(tmp_path / "a", 3)
+    b = Cluster(tmp_path / "b", 1)
+    try:
+        for i in range(3):
+            a.start(i)
+        b.start(0)
+        keys = np.arange(20_000, dtype=np.int64)
+        ga = grid(a)
+        ta = ga.create_table("t", partitions=parts, replication=2, value_type="f64", durability="log")
+        ta.put_many(keys, values_of(keys))
+        ga.close()
+        gb = grid(b)
+        tb = gb.create_table("t", partitions=parts, value_type="i64", durability="log")
+        tb.put_many(keys, keys * 7)
+        gb.close()
+        b.kill(0)
+
+        # Server 0 of grid a comes back with grid b's data dir.
+        a.kill(0)
+        shutil.rmtree(a.data_dir(0))
+        shutil.copytree(b.data_dir(0), a.data_dir(0))
+        a.start(0)
+        g = grid(a)
+        got = g.table("t").get_many(keys, default=-7.0)
+        assert np.array_equal(got, values_of(keys))
+        g.close()
+        wait_repaired(a, [0, 1, 2])
+        err = a.stderr(0)
+        assert "replacing it" in err, err
+        a.kill(1)
+        a.kill(2)
+        want = {int(k): float(v) for k, v in zip(keys, values_of(keys))}
+        read_alone(a, keys, want, parts)
+        # The foreign table's directory is gone; this grid's is on disk (its log took the copy).
+        dirs = sorted(p.name for p in (a.data_dir(0) / "tables").iterdir())
+        assert len(dirs) == 1 and dirs[0] == next((a.data_dir(1) / "tables").iterdir()).name, dirs
+        a.kill(0)
+        a.start(0)
+        wait_repaired(a, [0])
+        read_alone(a, keys, want, parts)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_full_disk_refuses_a_seal_and_keeps_the_sealed_versions(tmp_path: Path) -> None:
+    """A snapshot seal whose image cannot be written (the file size limit standing in for a full disk) is refused
+    with the data directory's error naming the file; the version is not sealed (the writer drops it), the previous
+    version stays current and exact, and a restart serves exactly what was sealed before, nothing of the failed
+    version."""
+    c = Cluster(tmp_path, 1, threads=1)
+    try:
+        c.start(0, fsize_limit=1 << 20)
+        g = grid(c)
+        t = g.create_table("snap", partitions=2, value_type="bytes", durability="snapshot")
+        small = list(range(500))
+        with t.new_version() as v:
+            v.put_many(small, [b"s%d" % k for k in small])
+        big = list(range(4000))
+        w = t.new_version()
+        w.begin()
+        w.put_many(big, [b"b%d-" % k + b"x" * 1000 for k in big])  # about 2 MB per partition image
+        with pytest.raises(ramgrid.RamgridError) as e:
+            w.commit()
+        msg = str(e.value)
+        assert "data directory" in msg and "cannot write" in msg and ".img" in msg, msg
+        assert t.current_version() == 2
+        assert [x["version"] for x in t.versions() if x["sealed"]] == [2]
+        assert t.get_many(small) == [b"s%d" % k for k in small]
+        g.close()
+        c.kill(0)
+        c.start(0)  # no limit now
+        g = grid(c)
+        t = g.table("snap")
+        assert t.current_version() == 2
+        assert t.get_many(small) == [b"s%d" % k for k in small]
+        assert 3 not in [x["version"] for x in t.versions()]
+        assert not list(c.data_dir(0).glob("tables/snap-*/v3"))
+        g.close()
+    finally:
+        c.close()
