@@ -129,6 +129,10 @@ pub fn install_spec(state: &NativeState, spec: ClusterSpec) -> Result<u64, Strin
         }
     }
     let first = old.is_none();
+    if first {
+        // Replayed logs loaded before any spec: reconciled from now on (repair.rs).
+        crate::repair::reconcile_deferred(state, &new);
+    }
     let joining = !spec.servers().contains(&state.server_id);
     *cluster = Some(new);
     drop(cluster);

@@ -34,6 +34,7 @@ use ramgrid_proto::cluster::{ClusterSpec, PartitionMap};
 use ramgrid_proto::native::{self as wire, ExportRequest, Request, Response, Status};
 use ramgrid_store::tables::{Durability, TableSpec, Tables, ValueRef};
 
+use crate::cluster::ClusterState;
 use crate::native::{store_value_type, NativeState};
 use crate::peer::{Peer, PeerError};
 
@@ -57,6 +58,9 @@ pub struct RepairState {
     pub copy_failures: AtomicU64,
     /// The last failure, for CLUSTER_STATUS.
     pub last_error: Mutex<String>,
+    /// Log tables' replayed open versions, (table, versions), to reconcile once a first spec is
+    /// installed (a restart with `--join` only: [`reconcile_replayed`]).
+    pub deferred: Mutex<Vec<(String, Vec<u32>)>>,
     woken: Mutex<bool>,
     cv: Condvar,
 }
@@ -322,8 +326,50 @@ fn adopt(state: &NativeState, name: &str, infos: Vec<wire::TableInfo>) -> Result
 /// replica holds it (and served as replayed if none can give it); `copying` are those whose log
 /// was damaged (set aside, started afresh), every held partition of which must be copied.
 /// Returns the (version, partitions) marked servable, for [`serve_unserved`].
+///
+/// A server with no spec yet (started with `--join` only) cannot tell which partitions have
+/// other replicas: the damaged versions are marked now, the others when its first spec is
+/// installed ([`reconcile_deferred`], under the spec's write lock, so no request routed under
+/// that spec reads them unmarked; requests routed under a spec are refused until then).
 pub fn reconcile_replayed(
     state: &NativeState,
+    name: &str,
+    replayed: &[u32],
+    copying: &[u32],
+) -> Vec<(u32, Vec<u32>)> {
+    let cluster = state.cluster.read().clone();
+    if cluster.is_none() {
+        let later: Vec<u32> = replayed
+            .iter()
+            .copied()
+            .filter(|v| !copying.contains(v))
+            .collect();
+        if !later.is_empty() {
+            state.repair.deferred.lock().push((name.to_owned(), later));
+        }
+        let now: Vec<u32> = replayed
+            .iter()
+            .copied()
+            .filter(|v| copying.contains(v))
+            .collect();
+        mark_replayed(state, None, name, &now, copying);
+        return Vec::new();
+    }
+    mark_replayed(state, cluster.as_ref(), name, replayed, copying)
+}
+
+/// The first spec is being installed (`cluster`, not yet published): marks the replayed
+/// versions [`reconcile_replayed`] deferred. The repair thread copies or serves them.
+pub fn reconcile_deferred(state: &NativeState, cluster: &ClusterState) {
+    let deferred = std::mem::take(&mut *state.repair.deferred.lock());
+    for (name, versions) in deferred {
+        mark_replayed(state, Some(cluster), &name, &versions, &[]);
+    }
+}
+
+fn mark_replayed(
+    state: &NativeState,
+    cluster: Option<&ClusterState>,
     name: &str,
     replayed: &[u32],
     copying: &[u32],
@@ -332,8 +378,7 @@ pub fn reconcile_replayed(
     let Ok(info) = state.tables.describe(name) else {
         return servable_marked;
     };
-    let cluster = state.cluster.read().clone();
-    let others: Vec<u32> = match &cluster {
+    let others: Vec<u32> = match cluster {
         Some(c) => {
             let map = PartitionMap::new(&c.spec, info.spec.partitions, info.spec.replication);
             let me = c.index;
