@@ -159,6 +159,14 @@ fn a_replayed_partition_is_reconciled_with_the_copy_or_served_when_none_comes() 
         !dst.serve_replayed("t", 1, 0).unwrap(),
         "copied: nothing to serve"
     );
+    // A second copy arriving late changes nothing: writes since the first are not remembered.
+    put(&dst, 1, &[("a", 11), ("z", 26)]);
+    assert_eq!(
+        dst.import_image_dropping("t", 1, 0, &image),
+        Ok((0, Vec::new()))
+    );
+    assert_eq!(get(&dst, 1, "a"), Ok(Some(11)));
+    assert_eq!(get(&dst, 1, "z"), Ok(Some(26)));
 
     // No replica gave a copy: the replay is served as it is, but only if marked servable.
     let lone = Tables::new(TablesConfig::default());

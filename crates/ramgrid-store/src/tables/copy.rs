@@ -385,6 +385,11 @@ impl Tables {
             drop(open);
             return self.import_image_dropping(name, version, partition, image);
         };
+        if !slot.pending.load(Ordering::Acquire) {
+            // No longer waiting for a copy (its creator claimed it, or another copy came first):
+            // the writes since are not remembered, so the image must not overwrite or remove them.
+            return Ok((0, Vec::new()));
+        }
         let mut touched = slot.touched.lock();
         let skip = touched.take().unwrap_or_default();
         let mut refused = None;
