@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use ramgrid_proto::cluster::{ClusterSpec, PartitionMap};
 use ramgrid_proto::native::{self as wire, ExportRequest, Request, Response, Status};
-use ramgrid_store::tables::{Durability, TableSpec, Tables, ValueRef};
+use ramgrid_store::tables::{Durability, TableSpec, ValueRef};
 
 use crate::cluster::ClusterState;
 use crate::native::{store_value_type, NativeState};
@@ -594,9 +594,6 @@ fn copy_pending(state: &NativeState, name: &str) {
                 }
             }
             if done {
-                if !v.sealed {
-                    copied_into_open(state, &info.spec, v.version);
-                }
                 continue;
             }
             if absent == sources.len()
@@ -688,21 +685,26 @@ fn copy_one(
             ))));
         }
     }
-    let (items, dropped) = state
-        .tables
-        .import_image_dropping(&spec.name, version, partition, &image)
-        .map_err(|e| CopyError::Local(format!("import from {src}: {e}")))?;
-    log_copy(state, spec, version, partition, &dropped)
-        .map_err(|e| CopyError::Local(format!("logging the copy from {src}: {e}")))?;
-    if let (true, Some(persist)) = (sealed, &state.persist) {
-        // Served from memory either way; on disk, the next restart need not copy it again.
-        if let Err(e) = persist.store_image(spec, version, partition, &image) {
-            state.repair.fail(format!(
-                "{} v{version} partition {partition}: {e}",
-                spec.name
-            ));
+    let (items, dropped) = if sealed {
+        // On disk first (durable tables): once the partition is served, a restart loads it
+        // rather than copying it again. A failure here costs only that; the copy is served.
+        if let Some(persist) = &state.persist {
+            if let Err(e) = persist.store_image(spec, version, partition, &image) {
+                state.repair.fail(format!(
+                    "{} v{version} partition {partition}: {e}",
+                    spec.name
+                ));
+            }
         }
-    }
+        let (items, _) = state
+            .tables
+            .import_image_then(&spec.name, version, partition, &image, |_, _| ())
+            .map_err(|e| CopyError::Local(format!("import from {src}: {e}")))?;
+        (items, 0)
+    } else {
+        import_open(state, spec, version, partition, &image)
+            .map_err(|e| CopyError::Local(format!("copy from {src}: {e}")))?
+    };
     let r = &state.repair;
     r.copied_partitions.fetch_add(1, Ordering::Relaxed);
     r.copied_bytes
@@ -711,10 +713,10 @@ fn copy_one(
         "ramgrid-server: repair: copied {} v{version} ({}) partition {partition} from {src}: {items} items{}, {} bytes, {:.0} ms",
         spec.name,
         if sealed { "sealed" } else { "open" },
-        if dropped.is_empty() {
+        if dropped == 0 {
             String::new()
         } else {
-            format!(" ({} dropped here: the replica no longer has them)", dropped.len())
+            format!(" ({dropped} dropped here: the replica no longer has them)")
         },
         image.len(),
         started.elapsed().as_secs_f64() * 1e3
@@ -722,75 +724,75 @@ fn copy_one(
     Ok(())
 }
 
-/// After a copy into open version `version`: once none of its held partitions is pending, a log
-/// table's version no longer needs a copy at its next restart (persist.rs, a damaged log's mark).
-fn copied_into_open(state: &NativeState, spec: &TableSpec, version: u32) {
-    let Some(persist) = &state.persist else {
-        return;
-    };
-    if spec.durability != Durability::Log || still_pending(&state.tables, &spec.name, version) {
-        return;
-    }
-    if let Err(e) = persist.copy_done(spec, version) {
-        state.repair.fail(e);
-    }
-}
-
-fn still_pending(tables: &Tables, name: &str, version: u32) -> bool {
-    tables
-        .pending(name)
-        .map(|p| p.iter().any(|v| v.version == version))
-        .unwrap_or(true)
-}
-
-/// A copy into an open version of a log table goes into its write-ahead log too, or a restart
-/// would replay the writes since the copy without the copy: the deletion of the keys the copy
-/// dropped (those still absent), then every key the partition holds. Appended under the
-/// partition's read lock, so every later write's record follows it in the log, and a key
-/// written again between the import and this lock is logged as it is now.
-fn log_copy(
+/// Brings a copy into open version `version` and serves it only once it is durable. For a log
+/// table the copy goes into the version's write-ahead log too, or a restart would replay the
+/// writes since the copy without it: the deletion of the keys the copy dropped, then every key
+/// the partition holds, appended under the partition's write lock (so every later write's
+/// record follows them) and fsynced. A damaged log's mark goes when the version's last pending
+/// partition is in (persist.rs). Only then does the partition stop being pending; on an error
+/// it stays pending and a later pass copies it again. Returns (items stored, keys dropped).
+fn import_open(
     state: &NativeState,
     spec: &TableSpec,
     version: u32,
     partition: u32,
-    dropped: &[Box<[u8]>],
-) -> Result<(), String> {
-    let Some(persist) = &state.persist else {
-        return Ok(());
+    image: &[u8],
+) -> Result<(usize, usize), String> {
+    let tables = &state.tables;
+    let log = match &state.persist {
+        Some(persist) => {
+            let tv = tables.at(&spec.name, version).map_err(|e| e.to_string())?;
+            persist.log_of(&tv)?
+        }
+        None => None,
     };
-    let tv = state
-        .tables
-        .at(&spec.name, version)
-        .map_err(|e| e.to_string())?;
-    if tv.is_sealed() {
-        return Ok(());
-    }
-    let Some(log) = persist.log_of(&tv)? else {
-        return Ok(());
-    };
-    let ticket = tv
-        .with_partition(partition, |view| {
-            let bytes: Vec<(&[u8], Vec<u8>)> = view
-                .iter()
-                .map(|(k, v)| {
-                    let b = match v {
-                        ValueRef::I64(x) => x.to_le_bytes().to_vec(),
-                        ValueRef::F64(x) => x.to_le_bytes().to_vec(),
-                        ValueRef::F32Vec(f) => f.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                        ValueRef::F32VecLe(b) | ValueRef::Bytes(b) => b.to_vec(),
-                    };
-                    (k, b)
-                })
-                .collect();
-            let gone = dropped
-                .iter()
-                .filter(|k| view.get(k).is_none())
-                .map(|k| crate::wal::Op::Delete(k));
-            log.append(
-                partition,
-                gone.chain(bytes.iter().map(|(k, v)| crate::wal::Op::Put(k, v))),
-            )
+    let (items, appended) = tables
+        .import_image_then(&spec.name, version, partition, image, |view, dropped| {
+            let ticket = log.as_ref().map(|log| {
+                let bytes: Vec<(&[u8], Vec<u8>)> = view
+                    .iter()
+                    .map(|(k, v)| {
+                        let b = match v {
+                            ValueRef::I64(x) => x.to_le_bytes().to_vec(),
+                            ValueRef::F64(x) => x.to_le_bytes().to_vec(),
+                            ValueRef::F32Vec(f) => f.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                            ValueRef::F32VecLe(b) | ValueRef::Bytes(b) => b.to_vec(),
+                        };
+                        (k, b)
+                    })
+                    .collect();
+                let gone = dropped.iter().map(|k| crate::wal::Op::Delete(k));
+                log.append(
+                    partition,
+                    gone.chain(bytes.iter().map(|(k, v)| crate::wal::Op::Put(k, v))),
+                )
+            });
+            (ticket, dropped.len())
         })
+        .map_err(|e| format!("import: {e}"))?;
+    let Some((ticket, dropped)) = appended else {
+        // Sealed meanwhile (replaced whole) or no longer pending: nothing more to do.
+        return Ok((items, 0));
+    };
+    if let (Some(log), Some(ticket)) = (&log, ticket) {
+        log.commit(ticket)
+            .map_err(|e| format!("logging the copy: {e}"))?;
+    }
+    if let Some(persist) = &state.persist {
+        let last = tables
+            .pending(&spec.name)
+            .map(|p| {
+                p.iter()
+                    .filter(|v| v.version == version)
+                    .all(|v| v.partitions == [partition])
+            })
+            .unwrap_or(false);
+        if last && spec.durability == Durability::Log {
+            persist.copy_done(spec, version)?;
+        }
+    }
+    tables
+        .finish_import(&spec.name, version, partition)
         .map_err(|e| e.to_string())?;
-    log.commit(ticket)
+    Ok((items, dropped))
 }

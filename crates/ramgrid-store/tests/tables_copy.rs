@@ -139,9 +139,27 @@ fn a_replayed_partition_is_reconciled_with_the_copy_or_served_when_none_comes() 
     let mut st = Vec::new();
     dst.delete_batch("t", 1, 0, [&b"e"[..]], &mut st).unwrap();
 
-    let (items, dropped) = dst.import_image_dropping("t", 1, 0, &image).unwrap();
+    let (items, dropped) = dst
+        .import_image_then("t", 1, 0, &image, |view, dropped| {
+            assert_eq!(view.len(), 3, "a, c and d: b dropped, e deleted here");
+            dropped.to_vec()
+        })
+        .unwrap();
     assert_eq!(items, 2);
-    assert_eq!(dropped, vec![Box::<[u8]>::from(&b"b"[..])]);
+    assert_eq!(dropped, Some(vec![Box::<[u8]>::from(&b"b"[..])]));
+    assert_eq!(
+        get(&dst, 1, "a"),
+        Err(Error::Repairing(0)),
+        "pending until finished"
+    );
+    // A write between the merge and the finish is kept, even by a retried merge.
+    put(&dst, 1, &[("f", 6)]);
+    assert_eq!(
+        dst.import_image_then("t", 1, 0, &image, |_, d| d.len()),
+        Ok((2, Some(0)))
+    );
+    dst.finish_import("t", 1, 0).unwrap();
+    assert_eq!(get(&dst, 1, "f"), Ok(Some(6)));
     assert_eq!(
         get(&dst, 1, "a"),
         Ok(Some(10)),
@@ -162,8 +180,8 @@ fn a_replayed_partition_is_reconciled_with_the_copy_or_served_when_none_comes() 
     // A second copy arriving late changes nothing: writes since the first are not remembered.
     put(&dst, 1, &[("a", 11), ("z", 26)]);
     assert_eq!(
-        dst.import_image_dropping("t", 1, 0, &image),
-        Ok((0, Vec::new()))
+        dst.import_image_then("t", 1, 0, &image, |_, _| ()),
+        Ok((0, None))
     );
     assert_eq!(get(&dst, 1, "a"), Ok(Some(11)));
     assert_eq!(get(&dst, 1, "z"), Ok(Some(26)));

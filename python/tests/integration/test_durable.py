@@ -200,7 +200,10 @@ def test_a_corrupt_snapshot_is_repaired_from_the_second_replica(cluster: Cluster
     err = cluster.stderr(0)
     assert str(victim) in err and "partition refused" in err, err
     wait_repaired(cluster)
-    assert "repair: copied r v2 (sealed) partition 3" in cluster.stderr(0), cluster.stderr(0)
+    deadline = time.monotonic() + 10  # the line follows the copy's write to disk
+    while "repair: copied r v2 (sealed) partition 3" not in cluster.stderr(0):
+        assert time.monotonic() < deadline, cluster.stderr(0)
+        time.sleep(0.01)
     # Server 0 alone (it holds every partition): both versions exact, no partition refused.
     cluster.kill(1)
     g = grid(cluster)

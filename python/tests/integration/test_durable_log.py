@@ -227,11 +227,15 @@ def test_acknowledged_writes_survive_sigkill_of_every_replica(tmp_path: Path) ->
             g.close()
 
         check()  # both replicas up
+        # A restarted replica whose peer serves copies its partitions from it (reconciling its log) before it
+        # serves them; its peer goes down only once that is done, or reads would wait for its next repair pass.
+        wait_repaired(c, [0, 1])
         c.kill(0)
-        check()  # replica 1's log alone
+        check()  # replica 1 alone
         c.start(0)
+        wait_repaired(c, [0, 1])
         c.kill(1)
-        check()  # replica 0's log alone
+        check()  # replica 0 alone
         c.start(1)
         # The replayed version still takes writes, logged as before.
         g = grid(c)

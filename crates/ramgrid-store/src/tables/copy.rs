@@ -343,20 +343,28 @@ impl Tables {
         partition: u32,
         image: &[u8],
     ) -> Result<usize> {
-        self.import_image_dropping(name, version, partition, image)
-            .map(|(items, _)| items)
+        let (items, _) = self.import_image_then(name, version, partition, image, |_, _| ())?;
+        self.finish_import(name, version, partition)?;
+        Ok(items)
     }
 
-    /// [`Tables::import_image`], also returning the keys of an open partition it removed (there
-    /// before the copy, absent from the image, not written here since): a write-ahead log must
-    /// record their deletion, or a replay would bring them back.
-    pub fn import_image_dropping(
+    /// [`Tables::import_image`] in two steps, for a copy that must be made durable before it is
+    /// served. Into an open partition: once the copy is merged, `then(view, dropped)` runs under
+    /// the partition's write lock with the partition's content and the keys the copy removed
+    /// (there before, absent from the image, not written here since), so a write-ahead log can
+    /// append the copy ahead of every later write; the partition *stays pending* (reads refused,
+    /// writes taken and remembered, a retry merges again without overwriting them) until
+    /// [`Tables::finish_import`]. Returns the items stored and what `then` returned (`None`: the
+    /// version is sealed, its partition replaced and no longer pending; or the partition was no
+    /// longer pending, so nothing was imported).
+    pub fn import_image_then<R>(
         &self,
         name: &str,
         version: u32,
         partition: u32,
         image: &[u8],
-    ) -> Result<(usize, Vec<Box<[u8]>>)> {
+        then: impl FnOnce(super::PartitionView<'_>, &[Box<[u8]>]) -> R,
+    ) -> Result<(usize, Option<R>)> {
         let table = self.table(name)?;
         let spec = &table.spec;
         if partition >= spec.partitions {
@@ -370,7 +378,7 @@ impl Tables {
             let data = crate::image::read_image(image, Some(spec.value_type), &self.meter)?;
             let items = data.len();
             self.replace_sealed(&table, &v, vec![(partition, Some(data))])?;
-            return Ok((items, Vec::new()));
+            return Ok((items, None));
         }
         // Open here. Validate the image apart (uncharged: only what is stored counts), then
         // merge under the partition's write lock so no write can slip between check and store.
@@ -383,12 +391,12 @@ impl Tables {
         let Some(data) = open.as_mut() else {
             // Sealed since we looked: try again as a sealed import.
             drop(open);
-            return self.import_image_dropping(name, version, partition, image);
+            return self.import_image_then(name, version, partition, image, then);
         };
         if !slot.pending.load(Ordering::Acquire) {
             // No longer waiting for a copy (its creator claimed it, or another copy came first):
             // the writes since are not remembered, so the image must not overwrite or remove them.
-            return Ok((0, Vec::new()));
+            return Ok((0, None));
         }
         let mut touched = slot.touched.lock();
         let skip = touched.take().unwrap_or_default();
@@ -425,9 +433,33 @@ impl Tables {
         for k in &dropped {
             data.delete(k, super::MAX_KEY_LEN);
         }
+        // Still pending until finished: later writes stay remembered, in case this merge is
+        // retried (its caller could not make it durable).
+        *touched = Some(skip);
+        let view = super::PartitionView {
+            data,
+            version,
+            value_type: spec.value_type,
+        };
+        Ok((stored, Some(then(view, &dropped))))
+    }
+
+    /// Ends the pending state of `partition` of open version `version` after
+    /// [`Tables::import_image_then`] (its copy is in, and durable where it must be): reads are
+    /// served from now on. Nothing for a partition that is not pending or a sealed version.
+    pub fn finish_import(&self, name: &str, version: u32, partition: u32) -> Result<()> {
+        let table = self.table(name)?;
+        let v = table.state.read().lookup(version)?;
+        let Some(slot) = v.parts.get(partition as usize) else {
+            return Err(Error::Invalid(format!(
+                "partition {partition} out of range"
+            )));
+        };
+        let _open = slot.open.write();
+        *slot.touched.lock() = None;
         slot.local.store(false, Ordering::Release);
         slot.pending.store(false, Ordering::Release);
-        Ok((stored, dropped))
+        Ok(())
     }
 
     /// Empties `partitions` in every version of table `name`: this server no longer holds them
