@@ -18,8 +18,10 @@
 //!    replay (the replica may have taken writes while this server was down). If *no* other
 //!    replica serves it (each is unreachable, restarting itself and answering REPAIRING, or
 //!    lacks the table), the replay is served as it is ([`Tables::serve_replayed`]): a whole
-//!    cluster restarting at once must not wait for itself. A version whose log was damaged is
-//!    never served this way: it waits for a copy.
+//!    cluster restarting at once must not wait for itself ([`serve_unserved`] decides it once
+//!    before the server listens, the copy loop again whenever a copy fails that way). A version
+//!    whose log was damaged is never served this way: it waits for a copy. A copy into an open
+//!    partition is served only once it is in the log (`import_open`).
 //!
 //! One thread, one partition at a time: a repair competes little with the traffic the server
 //! serves meanwhile. It wakes on every spec change and otherwise every [`PERIOD`].
