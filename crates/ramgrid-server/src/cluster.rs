@@ -158,6 +158,10 @@ fn install(state: &NativeState, spec: ClusterSpec, forget: bool) -> Result<u64, 
         }
     }
     let first = old.is_none();
+    if first {
+        // Replayed logs loaded before any spec: reconciled from now on (repair.rs).
+        crate::repair::reconcile_deferred(state, &new);
+    }
     let joining = index.is_some() && !spec.servers().contains(&state.server_id);
     *cluster = Some(new);
     drop(cluster);

@@ -10,6 +10,9 @@
 //! DIR/tables/<name>-<incarnation as 16 hex digits>/catalog      the catalog (text, below)
 //! DIR/tables/<name>-<incarnation>/v<version>/p<partition>.img  one image per held partition
 //! DIR/tables/<name>-<incarnation>/v<version>.log               log of an open version (log tables)
+//! DIR/tables/<name>-<incarnation>/v<version>.log.corrupt       a damaged log, set aside (kept to inspect)
+//! DIR/tables/<name>-<incarnation>/v<version>.copying           the log was restarted after damage:
+//!                                                              the version must be copied from a replica
 //! ```
 //!
 //! `<name>` keeps `[A-Za-z0-9_-]` and writes any other byte as `%XX`, so a table name can never
@@ -243,6 +246,9 @@ pub struct Loaded {
     pub missing: Vec<(u32, u32)>,
     /// Open versions replayed from their write-ahead logs (log tables).
     pub replayed: Vec<u32>,
+    /// Of `replayed`, those whose log was damaged (now or at an earlier start, before a copy
+    /// completed): what is here is incomplete and must be copied from a replica.
+    pub copying: Vec<u32>,
     /// Log bytes read and records replayed.
     pub log_bytes: u64,
     /// Records replayed.
@@ -264,6 +270,64 @@ impl Persist {
 
     fn log_path(&self, spec: &TableSpec, version: u32) -> PathBuf {
         self.table_dir(spec).join(format!("v{version}.log"))
+    }
+
+    /// The mark left while a version whose log was damaged waits for its copy from a replica.
+    fn copying_path(&self, spec: &TableSpec, version: u32) -> PathBuf {
+        self.table_dir(spec).join(format!("v{version}.copying"))
+    }
+
+    /// Every held partition of open version `version` has been copied from a replica: its log
+    /// now holds the whole version, and a restart may serve its replay again.
+    pub fn copy_done(&self, spec: &TableSpec, version: u32) -> Result<(), String> {
+        let path = self.copying_path(spec, version);
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                eprintln!(
+                    "ramgrid-server: data dir: {}: version {version} of {:?} copied whole from replicas; its log is complete again",
+                    path.display(),
+                    spec.name
+                );
+                sync_dir(&self.table_dir(spec)).map_err(|e| io_msg("cannot sync", &path, e))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_msg("cannot remove", &path, e)),
+        }
+    }
+
+    /// A partition of sealed version `version` copied from a replica (a repair, a move): its
+    /// image is written where a seal would have written it, so the next restart loads it instead
+    /// of copying it again (or, with no replica up, refusing it). Nothing for a memory table.
+    pub fn store_image(
+        &self,
+        spec: &TableSpec,
+        version: u32,
+        partition: u32,
+        image: &[u8],
+    ) -> Result<(), String> {
+        if spec.durability == Durability::Memory {
+            return Ok(());
+        }
+        let vdir = self.table_dir(spec).join(format!("v{version}"));
+        fs::create_dir_all(&vdir).map_err(|e| io_msg("cannot create", &vdir, e))?;
+        let path = vdir.join(format!("p{partition}.img"));
+        write_atomic(&path, image).map_err(|e| io_msg("cannot write", &path, e))
+    }
+
+    /// A damaged log of version `v`: marks the version as waiting for a copy, sets the file
+    /// aside (`.log.corrupt`, kept for inspection) and starts an empty log in its place, which
+    /// takes the writes made meanwhile and the copy. In this order, so that a crash at any step
+    /// leaves either the damaged log (refused again) or the mark (the replay is never served
+    /// as whole).
+    fn restart_log(&self, spec: &TableSpec, v: u32, path: &Path) -> Result<Log, String> {
+        let mark = self.copying_path(spec, v);
+        let dir = self.table_dir(spec);
+        write_atomic(&mark, b"copy this version from a replica\n")
+            .map_err(|e| io_msg("cannot write", &mark, e))?;
+        let aside = path.with_extension("log.corrupt");
+        fs::rename(path, &aside).map_err(|e| io_msg("cannot rename", path, e))?;
+        sync_dir(&dir).map_err(|e| io_msg("cannot sync", &dir, e))?;
+        Log::create(path, v, spec.incarnation).map_err(|e| io_msg("cannot create", path, e))
     }
 
     /// The write-ahead log a PUT or DELETE of `tv` must append to and commit before it is
@@ -408,6 +472,7 @@ impl Persist {
             // deletes it unread.
             let path = self.log_path(&spec, version);
             let _ = self.logs.remove(name, spec.incarnation, version, &path);
+            let _ = fs::remove_file(self.copying_path(&spec, version));
         }
         Ok(())
     }
@@ -424,6 +489,16 @@ impl Persist {
             self.logs
                 .remove(name, c.spec.incarnation, version, &path)
                 .map_err(|e| io_msg("cannot remove", &path, e))?;
+            for gone in [
+                self.copying_path(&c.spec, version),
+                path.with_extension("log.corrupt"),
+            ] {
+                match fs::remove_file(&gone) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_msg("cannot remove", &gone, e)),
+                }
+            }
         }
         let vdir = self.table_dir(&c.spec).join(format!("v{version}"));
         match fs::remove_dir_all(&vdir) {
@@ -581,24 +656,53 @@ impl Persist {
                 .map_err(|e| format!("current version {}: {e}", c.current))?;
         }
         let (mut log_bytes, mut log_records) = (0, 0);
+        let mut copying = Vec::new();
         for &v in &logs {
             let path = self.log_path(&c.spec, v);
+            if self.copying_path(&c.spec, v).exists() {
+                copying.push(v);
+            }
             match self.replay(tables, c, v, &path, warn) {
                 Ok((b, r)) => {
                     log_bytes += b;
                     log_records += r;
                 }
                 Err(e) => {
-                    warn(format!(
-                        "{}: {e}; version {v} refused (its partitions are missing)",
-                        path.display()
-                    ));
-                    self.logs.insert_refused(name, c.spec.incarnation, v);
                     let all: Vec<u32> = (0..c.spec.partitions).collect();
                     let _ = tables.drop_version(name, v, true);
                     tables
                         .restore_open_version(name, v, &all)
                         .map_err(|e| format!("version {v}: {e}"))?;
+                    if v == 1 && c.current == 0 {
+                        // The mutable head of a table never switched: current, as it was (its
+                        // partitions are refused until copied, so nothing is read short).
+                        tables
+                            .adopt_current(name, 1)
+                            .map_err(|e| format!("version 1: {e}"))?;
+                    }
+                    match self.restart_log(&c.spec, v, &path) {
+                        Ok(log) => {
+                            warn(format!(
+                                "{}: {e}; set aside as {}, version {v} to be copied from a \
+                                 replica (its partitions are refused until then)",
+                                path.display(),
+                                path.with_extension("log.corrupt").display()
+                            ));
+                            self.logs.insert(name, c.spec.incarnation, log);
+                            if !copying.contains(&v) {
+                                copying.push(v);
+                            }
+                        }
+                        Err(e2) => {
+                            warn(format!(
+                                "{}: {e}; version {v} refused (its partitions are missing): \
+                                 it cannot be set aside for a copy ({e2})",
+                                path.display()
+                            ));
+                            self.logs.insert_refused(name, c.spec.incarnation, v);
+                            copying.retain(|&x| x != v);
+                        }
+                    }
                     missing.extend(held.iter().map(|&p| (v, p)));
                 }
             }
@@ -614,6 +718,7 @@ impl Persist {
             bytes,
             missing,
             replayed: logs,
+            copying,
             log_bytes,
             log_records,
             seconds: started.elapsed().as_secs_f64(),

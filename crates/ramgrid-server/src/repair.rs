@@ -12,6 +12,16 @@
 //!    (`Tables::import_image`); only then does this server serve reads of it. A partition no
 //!    replica can give stays pending (reads go elsewhere, or fail as unavailable): never served
 //!    empty.
+//! 4. **Replayed logs.** At a restart, the open versions of log tables replayed from this
+//!    server's own logs are pending too, with their content ([`reconcile_replayed`]): each
+//!    partition that another replica holds is copied from one that serves it, which replaces the
+//!    replay (the replica may have taken writes while this server was down). If *no* other
+//!    replica serves it (each is unreachable, restarting itself and answering REPAIRING, or
+//!    lacks the table), the replay is served as it is ([`Tables::serve_replayed`]): a whole
+//!    cluster restarting at once must not wait for itself ([`serve_unserved`] decides it once
+//!    before the server listens, the copy loop again whenever a copy fails that way). A version
+//!    whose log was damaged is never served this way: it waits for a copy. A copy into an open
+//!    partition is served only once it is in the log (`import_open`).
 //!
 //! One thread, one partition at a time: a repair competes little with the traffic the server
 //! serves meanwhile. It wakes on every spec change and otherwise every [`PERIOD`].
@@ -26,6 +36,7 @@ use ramgrid_proto::cluster::{ClusterSpec, PartitionMap};
 use ramgrid_proto::native::{self as wire, ExportRequest, Request, Response, Status};
 use ramgrid_store::tables::{Durability, TableSpec, ValueRef};
 
+use crate::cluster::ClusterState;
 use crate::native::{store_value_type, NativeState};
 use crate::peer::{Peer, PeerError};
 
@@ -49,6 +60,9 @@ pub struct RepairState {
     pub copy_failures: AtomicU64,
     /// The last failure, for CLUSTER_STATUS.
     pub last_error: Mutex<String>,
+    /// Log tables' replayed open versions, (table, versions), to reconcile once a first spec is
+    /// installed (a restart with `--join` only: [`reconcile_replayed`]).
+    pub deferred: Mutex<Vec<(String, Vec<u32>)>>,
     woken: Mutex<bool>,
     cv: Condvar,
 }
@@ -308,6 +322,211 @@ fn adopt(state: &NativeState, name: &str, infos: Vec<wire::TableInfo>) -> Result
     Ok(())
 }
 
+/// After a restart from the data directory: marks pending the partitions of the open versions
+/// of log table `name` replayed from this server's logs (module docs, item 4). `replayed` are
+/// the versions replayed whole, each partition of which is reconciled with a replica if another
+/// replica holds it (and served as replayed if none can give it); `copying` are those whose log
+/// was damaged (set aside, started afresh), every held partition of which must be copied.
+/// Returns the (version, partitions) marked servable, for [`serve_unserved`].
+///
+/// A server with no spec yet (started with `--join` only) cannot tell which partitions have
+/// other replicas: the damaged versions are marked now, the others when its first spec is
+/// installed ([`reconcile_deferred`], under the spec's write lock, so no request routed under
+/// that spec reads them unmarked; requests routed under a spec are refused until then).
+pub fn reconcile_replayed(
+    state: &NativeState,
+    name: &str,
+    replayed: &[u32],
+    copying: &[u32],
+) -> Vec<(u32, Vec<u32>)> {
+    let cluster = state.cluster.read().clone();
+    if cluster.is_none() {
+        let later: Vec<u32> = replayed
+            .iter()
+            .copied()
+            .filter(|v| !copying.contains(v))
+            .collect();
+        if !later.is_empty() {
+            state.repair.deferred.lock().push((name.to_owned(), later));
+        }
+        let now: Vec<u32> = replayed
+            .iter()
+            .copied()
+            .filter(|v| copying.contains(v))
+            .collect();
+        mark_replayed(state, None, name, &now, copying);
+        return Vec::new();
+    }
+    mark_replayed(state, cluster.as_ref(), name, replayed, copying)
+}
+
+/// The first spec is being installed (`cluster`, not yet published): marks the replayed
+/// versions [`reconcile_replayed`] deferred. The repair thread copies or serves them.
+pub fn reconcile_deferred(state: &NativeState, cluster: &ClusterState) {
+    let deferred = std::mem::take(&mut *state.repair.deferred.lock());
+    for (name, versions) in deferred {
+        mark_replayed(state, Some(cluster), &name, &versions, &[]);
+    }
+}
+
+fn mark_replayed(
+    state: &NativeState,
+    cluster: Option<&ClusterState>,
+    name: &str,
+    replayed: &[u32],
+    copying: &[u32],
+) -> Vec<(u32, Vec<u32>)> {
+    let mut servable_marked = Vec::new();
+    let Ok(info) = state.tables.describe(name) else {
+        return servable_marked;
+    };
+    let others: Vec<u32> = match cluster {
+        Some(c) => {
+            let map = PartitionMap::new(&c.spec, info.spec.partitions, info.spec.replication);
+            let me = c.index;
+            (0..info.spec.partitions)
+                .filter(|&p| info.held.contains(&p))
+                .filter(|&p| map.replicas(p).iter().any(|&i| Some(i) != me))
+                .collect()
+        }
+        None => Vec::new(),
+    };
+    for &v in replayed {
+        let (parts, servable) = if copying.contains(&v) {
+            (&info.held, false)
+        } else {
+            (&others, true)
+        };
+        if parts.is_empty() {
+            continue;
+        }
+        match state.tables.mark_replayed_pending(name, v, parts, servable) {
+            Ok(()) => {
+                eprintln!(
+                    "ramgrid-server: repair: {name} v{v}: {} replayed partitions to {} a replica",
+                    parts.len(),
+                    if servable {
+                        "reconcile with"
+                    } else {
+                        "copy from (its log was damaged)"
+                    }
+                );
+                if servable {
+                    servable_marked.push((v, parts.clone()));
+                }
+            }
+            Err(e) => state.repair.fail(format!("{name} v{v}: {e}")),
+        }
+    }
+    servable_marked
+}
+
+/// Before the server accepts connections: the replayed partitions of `marked` (table, version,
+/// partitions) that no other replica serves *now* are served as replayed at once (module docs,
+/// item 4), so a whole-cluster restart serves as soon as each server listens rather than after
+/// its repair thread's first pass. Each peer is asked once (CLUSTER_STATUS: it is unreachable,
+/// or it lists the partition as repairing); a partition some peer serves stays pending, and is
+/// copied once this server takes writes (a copy taken before would miss the writes made until
+/// then).
+pub fn serve_unserved(state: &NativeState, marked: &[(String, u32, Vec<u32>)]) {
+    if marked.is_empty() {
+        return;
+    }
+    let Some(cluster) = state.cluster.read().clone() else {
+        return;
+    };
+    let members = cluster.spec.members();
+    // Per peer: None if unreachable, else the (table, version, partition) it is repairing.
+    let mut status: HashMap<String, Option<Vec<Repairing>>> = HashMap::new();
+    for (name, v, parts) in marked {
+        let Ok(info) = state.tables.describe(name) else {
+            continue;
+        };
+        let map = PartitionMap::new(&cluster.spec, info.spec.partitions, info.spec.replication);
+        let mut served = 0usize;
+        for &p in parts {
+            let sources: Vec<&String> = map
+                .replicas(p)
+                .iter()
+                .map(|&i| &members[i as usize])
+                .filter(|a| **a != state.server_id)
+                .collect();
+            let unserved = sources.iter().all(|src| {
+                let st = status
+                    .entry((*src).clone())
+                    .or_insert_with(|| repairing_on(state, src));
+                match st {
+                    None => true,
+                    Some(list) => list
+                        .iter()
+                        .any(|(n, lv, lp)| n == name && lv == v && *lp == p),
+                }
+            });
+            if unserved && state.tables.serve_replayed(name, *v, p).unwrap_or(false) {
+                served += 1;
+            }
+        }
+        if served > 0 {
+            eprintln!(
+                "ramgrid-server: repair: {name} v{v}: {served} of {} replayed partitions served \
+                 as replayed from this server's log, no other replica serves them",
+                parts.len()
+            );
+        }
+    }
+}
+
+/// A (table, version, partition) a peer is copying in.
+type Repairing = (String, u32, u32);
+
+/// What peer `addr` is repairing (CLUSTER_STATUS `repairing` lines), or `None` if it does not
+/// answer.
+fn repairing_on(state: &NativeState, addr: &str) -> Option<Vec<Repairing>> {
+    let text = Peer::connect(addr, token(state))
+        .and_then(|mut p| {
+            p.call(&Request::ClusterStatus, |r| match r {
+                Response::Status(t) => Ok(t.to_owned()),
+                other => Err(format!("unexpected reply: {other:?}")),
+            })
+        })
+        .ok()?;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        // `repairing <name> v<version> partitions <p>,<p>,...` (names may hold spaces).
+        let Some(rest) = line.strip_prefix("repairing ") else {
+            continue;
+        };
+        let Some((head, parts)) = rest.rsplit_once(" partitions ") else {
+            continue;
+        };
+        let Some((name, v)) = head.rsplit_once(" v") else {
+            continue;
+        };
+        let Ok(v) = v.parse::<u32>() else { continue };
+        for p in parts.split(',').filter_map(|p| p.parse::<u32>().ok()) {
+            out.push((name.to_owned(), v, p));
+        }
+    }
+    Some(out)
+}
+
+/// Why one copy failed.
+enum CopyError {
+    /// Asking the source: it refused or could not be reached.
+    Fetch(PeerError),
+    /// Taking the copy in here (import or log).
+    Local(String),
+}
+
+impl std::fmt::Display for CopyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CopyError::Fetch(e) => e.fmt(f),
+            CopyError::Local(m) => f.write_str(m),
+        }
+    }
+}
+
 /// Copies in every pending partition of table `name`.
 fn copy_pending(state: &NativeState, name: &str) {
     let Ok(pending) = state.tables.pending(name) else {
@@ -336,6 +555,9 @@ fn copy_pending(state: &NativeState, name: &str) {
                 .filter(|a| **a != state.server_id)
                 .collect();
             let mut gone = 0usize;
+            // Sources that do not serve the partition: unreachable, restarting (REPAIRING),
+            // or without the table (restarted empty).
+            let mut absent = 0usize;
             let mut quiet = false;
             let mut why = Vec::new();
             let mut done = false;
@@ -345,22 +567,54 @@ fn copy_pending(state: &NativeState, name: &str) {
                         done = true;
                         break;
                     }
-                    Err(PeerError::Refused(e)) if e.status == Status::NoSuchVersion => {
+                    Err(CopyError::Fetch(PeerError::Refused(e)))
+                        if e.status == Status::NoSuchVersion =>
+                    {
                         gone += 1;
                         why.push(format!("{src}: no such version"));
                     }
                     // Not at our spec yet (a move reaching it): try again on the next pass.
-                    Err(PeerError::Refused(e)) if e.status == Status::WrongEpoch => {
+                    Err(CopyError::Fetch(PeerError::Refused(e)))
+                        if e.status == Status::WrongEpoch =>
+                    {
                         why.push(format!("{src}: not at this epoch yet"));
                         quiet = true;
                     }
+                    Err(CopyError::Fetch(PeerError::Refused(e)))
+                        if matches!(e.status, Status::Repairing | Status::NoSuchTable) =>
+                    {
+                        absent += 1;
+                        why.push(format!("{src}: {} {}", e.status.name(), e.message));
+                    }
                     Err(e) => {
+                        if matches!(e, CopyError::Fetch(PeerError::Failed(_))) {
+                            absent += 1;
+                        }
                         peers.remove(*src);
                         why.push(format!("{src}: {e}"));
                     }
                 }
             }
             if done {
+                continue;
+            }
+            if absent == sources.len()
+                && state
+                    .tables
+                    .serve_replayed(name, v.version, p)
+                    .unwrap_or(false)
+            {
+                // No other replica serves it (a whole-cluster restart): what this server's own
+                // log holds is the best there is, and waiting would wait for itself.
+                eprintln!(
+                    "ramgrid-server: repair: {name} v{} partition {p}: served as replayed from this server's log, no other replica serves it ({})",
+                    v.version,
+                    if why.is_empty() {
+                        "no other replica".to_string()
+                    } else {
+                        why.join("; ")
+                    }
+                );
                 continue;
             }
             if !sources.is_empty() && gone == sources.len() {
@@ -396,10 +650,11 @@ fn copy_one(
     spec: &TableSpec,
     (epoch, version): (u64, u32),
     partition: u32,
-) -> Result<(), PeerError> {
+) -> Result<(), CopyError> {
     let started = Instant::now();
     if !peers.contains_key(src) {
-        peers.insert(src.to_owned(), Peer::connect(src, token(state))?);
+        let peer = Peer::connect(src, token(state)).map_err(CopyError::Fetch)?;
+        peers.insert(src.to_owned(), peer);
     }
     let peer = peers.get_mut(src).expect("just inserted");
     let (mut id, mut image, mut sealed, mut total) = (0u64, Vec::new(), false, u64::MAX);
@@ -424,74 +679,122 @@ fn copy_one(
                 Ok(())
             }
             other => Err(format!("unexpected reply: {other:?}")),
-        })?;
+        })
+        .map_err(CopyError::Fetch)?;
         if image.len() == before && (image.len() as u64) < total {
-            return Err(PeerError::Failed(format!(
+            return Err(CopyError::Fetch(PeerError::Failed(format!(
                 "{src}: empty chunk before the end"
-            )));
+            ))));
         }
     }
-    let items = state
-        .tables
-        .import_image(&spec.name, version, partition, &image)
-        .map_err(|e| PeerError::Failed(format!("import from {src}: {e}")))?;
-    log_copy(state, spec, version, partition)
-        .map_err(|e| PeerError::Failed(format!("logging the copy from {src}: {e}")))?;
+    let (items, dropped) = if sealed {
+        // On disk first (durable tables): once the partition is served, a restart loads it
+        // rather than copying it again. A failure here costs only that; the copy is served.
+        if let Some(persist) = &state.persist {
+            if let Err(e) = persist.store_image(spec, version, partition, &image) {
+                state.repair.fail(format!(
+                    "{} v{version} partition {partition}: {e}",
+                    spec.name
+                ));
+            }
+        }
+        let (items, _) = state
+            .tables
+            .import_image_then(&spec.name, version, partition, &image, |_, _| ())
+            .map_err(|e| CopyError::Local(format!("import from {src}: {e}")))?;
+        (items, 0)
+    } else {
+        import_open(state, spec, version, partition, &image)
+            .map_err(|e| CopyError::Local(format!("copy from {src}: {e}")))?
+    };
     let r = &state.repair;
     r.copied_partitions.fetch_add(1, Ordering::Relaxed);
     r.copied_bytes
         .fetch_add(image.len() as u64, Ordering::Relaxed);
     eprintln!(
-        "ramgrid-server: repair: copied {} v{version} ({}) partition {partition} from {src}: {items} items, {} bytes, {:.0} ms",
+        "ramgrid-server: repair: copied {} v{version} ({}) partition {partition} from {src}: {items} items{}, {} bytes, {:.0} ms",
         spec.name,
         if sealed { "sealed" } else { "open" },
+        if dropped == 0 {
+            String::new()
+        } else {
+            format!(" ({dropped} dropped here: the replica no longer has them)")
+        },
         image.len(),
         started.elapsed().as_secs_f64() * 1e3
     );
     Ok(())
 }
 
-/// A copy into an open version of a log table goes into its write-ahead log too, or a restart
-/// would replay the writes since the copy without the copy. Appended under the partition's read
-/// lock, so every later write's record follows it in the log.
-fn log_copy(
+/// Brings a copy into open version `version` and serves it only once it is durable. For a log
+/// table the copy goes into the version's write-ahead log too, or a restart would replay the
+/// writes since the copy without it: the deletion of the keys the copy dropped, then every key
+/// the partition holds, appended under the partition's write lock (so every later write's
+/// record follows them) and fsynced. A damaged log's mark goes when the version's last pending
+/// partition is in (persist.rs). Only then does the partition stop being pending; on an error
+/// it stays pending and a later pass copies it again. Returns (items stored, keys dropped).
+fn import_open(
     state: &NativeState,
     spec: &TableSpec,
     version: u32,
     partition: u32,
-) -> Result<(), String> {
-    let Some(persist) = &state.persist else {
-        return Ok(());
+    image: &[u8],
+) -> Result<(usize, usize), String> {
+    let tables = &state.tables;
+    let log = match &state.persist {
+        Some(persist) => {
+            let tv = tables.at(&spec.name, version).map_err(|e| e.to_string())?;
+            persist.log_of(&tv)?
+        }
+        None => None,
     };
-    let tv = state
-        .tables
-        .at(&spec.name, version)
-        .map_err(|e| e.to_string())?;
-    if tv.is_sealed() {
-        return Ok(());
-    }
-    let Some(log) = persist.log_of(&tv)? else {
-        return Ok(());
-    };
-    let ticket = tv
-        .with_partition(partition, |view| {
-            let bytes: Vec<(&[u8], Vec<u8>)> = view
-                .iter()
-                .map(|(k, v)| {
-                    let b = match v {
-                        ValueRef::I64(x) => x.to_le_bytes().to_vec(),
-                        ValueRef::F64(x) => x.to_le_bytes().to_vec(),
-                        ValueRef::F32Vec(f) => f.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                        ValueRef::F32VecLe(b) | ValueRef::Bytes(b) => b.to_vec(),
-                    };
-                    (k, b)
-                })
-                .collect();
-            log.append(
-                partition,
-                bytes.iter().map(|(k, v)| crate::wal::Op::Put(k, v)),
-            )
+    let (items, appended) = tables
+        .import_image_then(&spec.name, version, partition, image, |view, dropped| {
+            let ticket = log.as_ref().map(|log| {
+                let bytes: Vec<(&[u8], Vec<u8>)> = view
+                    .iter()
+                    .map(|(k, v)| {
+                        let b = match v {
+                            ValueRef::I64(x) => x.to_le_bytes().to_vec(),
+                            ValueRef::F64(x) => x.to_le_bytes().to_vec(),
+                            ValueRef::F32Vec(f) => f.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                            ValueRef::F32VecLe(b) | ValueRef::Bytes(b) => b.to_vec(),
+                        };
+                        (k, b)
+                    })
+                    .collect();
+                let gone = dropped.iter().map(|k| crate::wal::Op::Delete(k));
+                log.append(
+                    partition,
+                    gone.chain(bytes.iter().map(|(k, v)| crate::wal::Op::Put(k, v))),
+                )
+            });
+            (ticket, dropped.len())
         })
+        .map_err(|e| format!("import: {e}"))?;
+    let Some((ticket, dropped)) = appended else {
+        // Sealed meanwhile (replaced whole) or no longer pending: nothing more to do.
+        return Ok((items, 0));
+    };
+    if let (Some(log), Some(ticket)) = (&log, ticket) {
+        log.commit(ticket)
+            .map_err(|e| format!("logging the copy: {e}"))?;
+    }
+    if let Some(persist) = &state.persist {
+        let last = tables
+            .pending(&spec.name)
+            .map(|p| {
+                p.iter()
+                    .filter(|v| v.version == version)
+                    .all(|v| v.partitions == [partition])
+            })
+            .unwrap_or(false);
+        if last && spec.durability == Durability::Log {
+            persist.copy_done(spec, version)?;
+        }
+    }
+    tables
+        .finish_import(&spec.name, version, partition)
         .map_err(|e| e.to_string())?;
-    log.commit(ticket)
+    Ok((items, dropped))
 }

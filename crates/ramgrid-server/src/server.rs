@@ -189,7 +189,14 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
             |spec| crate::native::held_partitions(cluster.as_ref(), spec),
             |msg| eprintln!("ramgrid-server: data dir: {msg}"),
         );
+        let mut marked = Vec::new();
         for l in loaded {
+            // Replayed open versions are reconciled with a live replica before they are read.
+            for (v, parts) in
+                crate::repair::reconcile_replayed(&native, &l.name, &l.replayed, &l.copying)
+            {
+                marked.push((l.name.clone(), v, parts));
+            }
             let replayed = if l.replayed.is_empty() {
                 String::new()
             } else {
@@ -213,6 +220,8 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
                 }
             );
         }
+        // Whatever no other replica serves now is served as replayed from the first request on.
+        crate::repair::serve_unserved(&native, &marked);
     }
 
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -33,9 +33,9 @@
 //!   whole record and the truncation reported.
 //! - Any other damage (a length whose check fails, a body whose checksum fails, a whole record
 //!   that does not parse, a version that is not the file's) is **corruption**: the records after
-//!   it cannot be trusted to be framed right, so the version is refused as a whole (its held
-//!   partitions are missing, as for a damaged image), reported with the path and offset, and the
-//!   file is left as it is for inspection.
+//!   it cannot be trusted to be framed right, so none of it is replayed: it is reported with the
+//!   path and offset, set aside as it is for inspection (`.log.corrupt`), and the version's held
+//!   partitions are copied from a replica into a new log (persist.rs), refused until then.
 //!
 //! # Group commit
 //!

@@ -582,8 +582,8 @@ fn log_tables_replay_open_versions_and_refuse_damage() {
     );
     h.shutdown();
 
-    // A corrupt record in the middle: the version is refused (REPAIRING: a replica could give
-    // it), never served partly.
+    // A corrupt record in the middle: the log is set aside, and the version is refused
+    // (REPAIRING: a replica could give it), never served partly, until it is copied in.
     let mut bad = good.clone();
     bad[40 + 16 + 2] ^= 0xff;
     std::fs::write(&v1_log, &bad).unwrap();
@@ -596,19 +596,46 @@ fn log_tables_replay_open_versions_and_refuse_damage() {
     );
     assert_eq!(
         get_f64(&mut c, "w", 0, 4, &with_d),
-        Err(Status::NoSuchVersion),
-        "a refused open head is not current"
+        Err(Status::Repairing),
+        "the open head stays current, refused until copied"
     );
     assert_eq!(
         get_f64_at(&mut c, "w", 2, 0, 4, &["x"]),
         Ok(vec![Some(9.0)])
     );
-    assert_eq!(std::fs::read(&v1_log).unwrap(), bad, "kept for inspection");
-    // Other versions can still be created (the refused log is left alone).
+    let aside = table_dir.join("v1.log.corrupt");
+    assert_eq!(std::fs::read(&aside).unwrap(), bad, "kept for inspection");
+    assert!(table_dir.join("v1.copying").is_file(), "marked: copy it");
+    assert_eq!(
+        std::fs::read(&v1_log).unwrap(),
+        good[..40],
+        "a new log, header only"
+    );
+    // Writes are taken (and logged) meanwhile; reads still wait for the copy.
+    assert_eq!(put_f64(&mut c, "w", 1, 0, 4, &["e"], &[5.0]), vec![0]);
+    assert_eq!(
+        get_f64_at(&mut c, "w", 1, 0, 4, &["e"]),
+        Err(Status::Repairing)
+    );
+    assert!(std::fs::read(&v1_log).unwrap().len() > 40);
+    // Other versions can still be created.
     assert_eq!(c.call(Request::CreateVersion(v(5))), Status::Ok);
-    // Dropping the refused version removes its log.
+    h.shutdown();
+    // Restarted before any copy came: still marked, still refused (its log is not the whole
+    // version), even with no replica to copy from.
+    let h = server(&["--data-dir", data]);
+    let mut c = Conn::open(&h);
+    assert_eq!(c.hello(b""), Status::Ok);
+    assert_eq!(
+        get_f64_at(&mut c, "w", 1, 0, 4, &["e"]),
+        Err(Status::Repairing)
+    );
+    // Dropping the refused version (once another is current) removes its log, the mark and the
+    // damaged file.
+    assert_eq!(c.call(Request::SetCurrent(v(3))), Status::Ok);
     assert_eq!(c.call(Request::DropVersion(v(1))), Status::Ok);
     assert!(!v1_log.exists());
+    assert!(!aside.exists() && !table_dir.join("v1.copying").exists());
     assert_eq!(c.call(Request::DropVersion(v(2))), Status::Ok);
     assert!(!table_dir.join("v2.log").exists());
     assert_eq!(c.call(Request::DropTable { name: "w" }), Status::Ok);

@@ -240,6 +240,10 @@ struct PartSlot {
     /// While an open partition is pending: the keys written or deleted here since the copy
     /// began, which the copy must not overwrite. Changed only under `open`'s write lock.
     touched: parking_lot::Mutex<Option<std::collections::HashSet<Box<[u8]>>>>,
+    /// While an open partition is pending: its data is this server's own replay of its
+    /// write-ahead log, which may be served as it is if no replica can give a copy (a whole
+    /// cluster restarted; see `copy.rs`). False for a partition emptied for a copy.
+    local: AtomicBool,
 }
 
 /// A read lock on an open partition, held by [`TableVersion::get_groups`].
@@ -292,6 +296,7 @@ impl Version {
                 frozen: OnceLock::new(),
                 pending: AtomicBool::new(false),
                 touched: parking_lot::Mutex::new(None),
+                local: AtomicBool::new(false),
             })
             .collect();
         Ok(Version {

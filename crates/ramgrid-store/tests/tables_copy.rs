@@ -119,3 +119,91 @@ fn a_partition_gained_by_a_move_is_emptied_and_pending() {
         "the stale data went with the mark"
     );
 }
+
+#[test]
+fn a_replayed_partition_is_reconciled_with_the_copy_or_served_when_none_comes() {
+    // The live replica: a replaced, b deleted, c kept, while the restarting server was down.
+    let src = Tables::new(TablesConfig::default());
+    src.create_table(spec(), &[0, 1]).unwrap();
+    put(&src, 1, &[("a", 10), ("c", 3)]);
+    let (image, _) = src.at("t", 1).unwrap().export_image(0).unwrap();
+
+    // The restarted server replayed its log (a, b, c as they were) and must reconcile.
+    let dst = Tables::new(TablesConfig::default());
+    dst.create_table(spec(), &[0, 1]).unwrap();
+    put(&dst, 1, &[("a", 1), ("b", 2), ("c", 3), ("e", 5)]);
+    dst.mark_replayed_pending("t", 1, &[0], true).unwrap();
+    assert_eq!(get(&dst, 1, "a"), Err(Error::Repairing(0)));
+    // Written here since the restart: d new, e deleted; both stand whatever the copy says.
+    put(&dst, 1, &[("d", 4)]);
+    let mut st = Vec::new();
+    dst.delete_batch("t", 1, 0, [&b"e"[..]], &mut st).unwrap();
+
+    let (items, dropped) = dst
+        .import_image_then("t", 1, 0, &image, |view, dropped| {
+            assert_eq!(view.len(), 3, "a, c and d: b dropped, e deleted here");
+            dropped.to_vec()
+        })
+        .unwrap();
+    assert_eq!(items, 2);
+    assert_eq!(dropped, Some(vec![Box::<[u8]>::from(&b"b"[..])]));
+    assert_eq!(
+        get(&dst, 1, "a"),
+        Err(Error::Repairing(0)),
+        "pending until finished"
+    );
+    // A write between the merge and the finish is kept, even by a retried merge.
+    put(&dst, 1, &[("f", 6)]);
+    assert_eq!(
+        dst.import_image_then("t", 1, 0, &image, |_, d| d.len()),
+        Ok((2, Some(0)))
+    );
+    dst.finish_import("t", 1, 0).unwrap();
+    assert_eq!(get(&dst, 1, "f"), Ok(Some(6)));
+    assert_eq!(
+        get(&dst, 1, "a"),
+        Ok(Some(10)),
+        "the replica's value replaces the replay"
+    );
+    assert_eq!(
+        get(&dst, 1, "b"),
+        Ok(None),
+        "deleted on the replica: dropped here"
+    );
+    assert_eq!(get(&dst, 1, "c"), Ok(Some(3)));
+    assert_eq!(get(&dst, 1, "d"), Ok(Some(4)), "written since the restart");
+    assert_eq!(get(&dst, 1, "e"), Ok(None), "deleted since the restart");
+    assert!(
+        !dst.serve_replayed("t", 1, 0).unwrap(),
+        "copied: nothing to serve"
+    );
+    // A second copy arriving late changes nothing: writes since the first are not remembered.
+    put(&dst, 1, &[("a", 11), ("z", 26)]);
+    assert_eq!(
+        dst.import_image_then("t", 1, 0, &image, |_, _| ()),
+        Ok((0, None))
+    );
+    assert_eq!(get(&dst, 1, "a"), Ok(Some(11)));
+    assert_eq!(get(&dst, 1, "z"), Ok(Some(26)));
+
+    // No replica gave a copy: the replay is served as it is, but only if marked servable.
+    let lone = Tables::new(TablesConfig::default());
+    lone.create_table(spec(), &[0, 1]).unwrap();
+    put(&lone, 1, &[("a", 1)]);
+    lone.mark_replayed_pending("t", 1, &[0], false).unwrap();
+    assert!(
+        !lone.serve_replayed("t", 1, 0).unwrap(),
+        "a damaged log's version waits for a copy"
+    );
+    assert_eq!(get(&lone, 1, "a"), Err(Error::Repairing(0)));
+    let lone = Tables::new(TablesConfig::default());
+    lone.create_table(spec(), &[0, 1]).unwrap();
+    put(&lone, 1, &[("a", 1)]);
+    lone.mark_replayed_pending("t", 1, &[0], true).unwrap();
+    assert!(lone.serve_replayed("t", 1, 0).unwrap());
+    assert_eq!(get(&lone, 1, "a"), Ok(Some(1)));
+    // A partition emptied for a move is never served without its copy.
+    lone.mark_pending("t", &[0]).unwrap();
+    assert!(!lone.serve_replayed("t", 1, 0).unwrap());
+    assert_eq!(get(&lone, 1, "a"), Err(Error::Repairing(0)));
+}

@@ -160,6 +160,66 @@ def test_a_corrupt_snapshot_is_reported_and_its_partition_refused(cluster: Clust
     g.close()
 
 
+def wait_repaired(c: Cluster, timeout: float = 30.0, copied: bool = True) -> None:
+    """Waits until every server has learned the tables from its peers and (with `copied`) has nothing pending."""
+    deadline = time.monotonic() + timeout
+    g = grid(c)
+    try:
+        while True:
+            status = g.status()
+            if all(
+                s.get("ok") and s.get("catalog_learned") == 1 and (not copied or s.get("pending_partitions") == 0)
+                for s in status
+            ):
+                return
+            assert time.monotonic() < deadline, f"not repaired within {timeout} s: {status}"
+            time.sleep(0.05)
+    finally:
+        g.close()
+
+
+def test_a_corrupt_snapshot_is_repaired_from_the_second_replica(cluster: Cluster) -> None:
+    """Replication 2: the partition whose image fails validation at the restart is refused (REPAIRING) and copied
+    from the other replica; afterwards the restarted server alone serves every key of every version exactly."""
+    g = grid(cluster)
+    t = g.create_table("r", partitions=8, replication=2, value_type="i64", durability="snapshot")
+    keys = np.arange(20_000)
+    with t.new_version() as v:
+        v.put_many(keys, keys * 3)
+    with t.new_version() as v:
+        v.put_many(keys, keys * 5)
+    g.close()
+    images = sorted(cluster.data_dir(0).glob("tables/r-*/v2/p*.img"))
+    assert len(images) == 8, images
+    victim = images[3]
+    data = bytearray(victim.read_bytes())
+    for at in (len(data) // 3, len(data) // 2):  # flip bytes inside the sections, not just the header
+        data[at] ^= 0x5A
+    victim.write_bytes(bytes(data))
+    cluster.restart(0)
+    err = cluster.stderr(0)
+    assert str(victim) in err and "partition refused" in err, err
+    wait_repaired(cluster)
+    deadline = time.monotonic() + 10  # the line follows the copy's write to disk
+    while "repair: copied r v2 (sealed) partition 3" not in cluster.stderr(0):
+        assert time.monotonic() < deadline, cluster.stderr(0)
+        time.sleep(0.01)
+    # Server 0 alone (it holds every partition): both versions exact, no partition refused.
+    cluster.kill(1)
+    g = grid(cluster)
+    t = g.table("r")
+    assert np.array_equal(t.pin(2).get_many(keys), keys * 3)
+    assert np.array_equal(t.get_many(keys), keys * 5)
+    g.close()
+    # The copy was written over the damaged file: restarted with no replica up, server 0 loads it.
+    cluster.restart(0)
+    assert "partition refused" not in cluster.stderr(0), cluster.stderr(0)
+    g = grid(cluster)
+    assert np.array_equal(g.table("r").pin(2).get_many(keys), keys * 3)
+    assert np.array_equal(g.table("r").get_many(keys), keys * 5)
+    g.close()
+
+
 def test_dropped_versions_and_tables_stay_dropped(cluster: Cluster) -> None:
     g = grid(cluster)
     t = g.create_table("keep", partitions=4, value_type="i64", durability="snapshot")
@@ -176,6 +236,10 @@ def test_dropped_versions_and_tables_stay_dropped(cluster: Cluster) -> None:
     g.close()
     for i in range(2):
         cluster.restart(i)
+        # A rolling restart: the next server goes down only once this one learned the open head from its peer
+        # (else neither would know it, and the head, not on disk, would be lost by design). With replication 1
+        # nobody can copy its partitions back: they stay refused, never read as empty.
+        wait_repaired(cluster, copied=False)
     g = grid(cluster)
     assert "gone" not in g.tables()
     t = g.table("keep")

@@ -7,6 +7,7 @@ in for a full disk) is refused with the data directory's error, not acknowledged
 from __future__ import annotations
 
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,7 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ramgrid
+from ramgrid import _native
 from ramgrid._local import server_env
+from ramgrid.exceptions import PartitionsUnavailable
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -92,8 +95,48 @@ class Cluster:
                 p.wait()
 
 
-def grid(c: Cluster) -> ramgrid.Grid:
-    return ramgrid.connect(c.addrs, timeout=2.0, call_timeout=5.0)
+def grid(c: Cluster, ack: str = "all") -> ramgrid.Grid:
+    return ramgrid.connect(c.addrs, timeout=2.0, call_timeout=5.0, ack=ack)
+
+
+def wait_repaired(c: Cluster, up: list[int], timeout: float = 30.0) -> None:
+    """Waits until every server in `up` has no partition left to copy in (or to reconcile with a replica after
+    replaying its logs) and, if another server is up, has learned the tables from it."""
+    deadline = time.monotonic() + timeout
+    g = grid(c)
+    try:
+        while True:
+            status = {s["server"]: s for s in g.status()}
+            mine = [status.get(c.addrs[i], {}) for i in up]
+            learned = len(up) == 1 or all(s.get("catalog_learned") == 1 for s in mine)
+            if learned and all(s.get("ok") and s.get("pending_partitions") == 0 for s in mine):
+                return
+            assert time.monotonic() < deadline, f"not repaired within {timeout} s: {mine}"
+            time.sleep(0.05)
+    finally:
+        g.close()
+
+
+def read_alone(c: Cluster, keys: np.ndarray, want: dict[int, float], partitions: int) -> int:
+    """With every server but one down, reads `keys` through the client: the partitions the live server holds must
+    read exactly as `want` (absent keys as misses), the others must fail as unavailable (never as misses). Returns
+    the number of keys checked."""
+    g = grid(c)
+    try:
+        t = g.table(g.tables()[0])
+        with pytest.raises(PartitionsUnavailable) as e:
+            t.get_many(keys, default=-7.0)
+        lost = set(e.value.partitions)
+        part = np.array([_native.partition_of(int(k), partitions) for k in keys])
+        mine = keys[~np.isin(part, list(lost))]
+        assert len(mine) > len(keys) // 3, (len(mine), lost)
+        got = t.get_many(mine, default=-7.0)
+        expected = np.array([want.get(int(k), -7.0) for k in mine])
+        bad = np.flatnonzero(got != expected)
+        assert not len(bad), f"{len(bad)} keys wrong, e.g. key {mine[bad[0]]}: {got[bad[0]]} != {expected[bad[0]]}"
+        return len(mine)
+    finally:
+        g.close()
 
 
 def values_of(keys: np.ndarray) -> np.ndarray:
@@ -184,11 +227,15 @@ def test_acknowledged_writes_survive_sigkill_of_every_replica(tmp_path: Path) ->
             g.close()
 
         check()  # both replicas up
+        # A restarted replica whose peer serves copies its partitions from it (reconciling its log) before it
+        # serves them; its peer goes down only once that is done, or reads would wait for its next repair pass.
+        wait_repaired(c, [0, 1])
         c.kill(0)
-        check()  # replica 1's log alone
+        check()  # replica 1 alone
         c.start(0)
+        wait_repaired(c, [0, 1])
         c.kill(1)
-        check()  # replica 0's log alone
+        check()  # replica 0 alone
         c.start(1)
         # The replayed version still takes writes, logged as before.
         g = grid(c)
@@ -237,6 +284,222 @@ def test_a_full_disk_refuses_the_write_and_acknowledged_ones_survive(tmp_path: P
         assert t.get(10**9, default=None) is None
         t.put(10**9, b"after")  # writes work again once the disk has room
         assert t.get(10**9) == b"after"
+        g.close()
+    finally:
+        c.close()
+
+
+def test_a_restarted_server_reconciles_its_replayed_log_with_a_live_replica(tmp_path: Path) -> None:
+    """ack="one" writes (puts, overwrites, deletes) acknowledged while a server was down are not in its log; restarted
+    on its data dir it must not serve its replay as it is, but copy what a live replica holds (keeping what was
+    written to it since), log that copy, and so serve every key exactly on its own, now and after another restart.
+    A whole-cluster restart then serves every acknowledged write."""
+    parts = 16
+    c = Cluster(tmp_path, 3)
+    try:
+        for i in range(3):
+            c.start(i)
+        g = grid(c)
+        t = g.create_table("rec", partitions=parts, replication=2, value_type="f64", durability="log")
+        keys = np.arange(30_000, dtype=np.int64)
+        t.put_many(keys, values_of(keys))
+        want = {int(k): float(v) for k, v in zip(keys, values_of(keys))}
+        g.close()
+
+        c.kill(0)
+        g1 = grid(c, ack="one")
+        t1 = g1.table("rec")
+        changed = keys[::3]
+        t1.put_many(changed, values_of(changed) + 100.0)  # overwrites server 0 has not seen
+        gone = keys[1::5]
+        t1.delete_many(gone)  # deletes server 0 has not seen
+        fresh = np.arange(50_000, 55_000, dtype=np.int64)
+        t1.put_many(fresh, values_of(fresh))  # keys server 0 never had
+        g1.close()
+        want.update({int(k): float(v) for k, v in zip(changed, values_of(changed) + 100.0)})
+        for k in gone.tolist():
+            want.pop(int(k), None)
+        want.update({int(k): float(v) for k, v in zip(fresh, values_of(fresh))})
+        every = np.concatenate([keys, fresh])
+
+        c.start(0)
+        err = c.stderr(0)
+        assert "replayed from their logs" in err and "to reconcile with a replica" in err, err
+        wait_repaired(c, [0, 1, 2])
+        assert "dropped here" in c.stderr(0), c.stderr(0)  # the deletes it missed
+        g = grid(c)
+        got = g.table("rec").get_many(every, default=-7.0)
+        assert np.array_equal(got, np.array([want.get(int(k), -7.0) for k in every]))
+        g.close()
+
+        # Server 0 alone: what it serves is the replica's copy, not its stale replay.
+        c.kill(1)
+        c.kill(2)
+        assert read_alone(c, every, want, parts) > 0
+        # Its log took the copy (deletions included): restarted with no replica up, it serves its replay as it is.
+        c.kill(0)
+        c.start(0)
+        wait_repaired(c, [0])
+        assert "served as replayed from this server's log" in c.stderr(0), c.stderr(0)
+        read_alone(c, every, want, parts)
+
+        # A whole-cluster restart: every log replayed, every replica serves, every acknowledged write is there.
+        c.kill(0)
+        for i in range(3):
+            c.start(i)
+        wait_repaired(c, [0, 1, 2])
+        g = grid(c)
+        got = g.table("rec").get_many(every, default=-7.0)
+        assert np.array_equal(got, np.array([want.get(int(k), -7.0) for k in every]))
+        g.close()
+    finally:
+        c.close()
+
+
+def test_a_damaged_log_is_set_aside_and_its_version_copied_from_a_replica(tmp_path: Path) -> None:
+    """A log damaged in the middle (not a torn tail) is not replayed: it is set aside, its version is refused on
+    that server while no replica can give it (reads fail, never misses), and copied from a replica as soon as one
+    is up; the copy goes into a new log, so a later restart serves it on its own."""
+    parts = 8
+    c = Cluster(tmp_path, 2)
+    try:
+        for i in range(2):
+            c.start(i)
+        g = grid(c)
+        t = g.create_table("dmg", partitions=parts, replication=2, value_type="f64", durability="log")
+        keys = np.arange(20_000, dtype=np.int64)
+        for chunk in np.array_split(keys, 10):  # several records
+            t.put_many(chunk, values_of(chunk))
+        g.close()
+        want = {int(k): float(v) for k, v in zip(keys, values_of(keys))}
+        c.kill(0)
+        c.kill(1)
+        [log] = list(c.data_dir(0).glob("tables/dmg-*/v1.log"))
+        data = bytearray(log.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        log.write_bytes(bytes(data))
+
+        # No replica up: the version is refused here, never served short.
+        c.start(0)
+        err = c.stderr(0)
+        assert "set aside" in err and "v1.log.corrupt" in err, err
+        g = grid(c)
+        with pytest.raises(ramgrid.RamgridError):
+            g.table("dmg").get_many(keys, default=-7.0)
+        g.close()
+        assert (log.parent / "v1.log.corrupt").exists()
+
+        # The replica comes back: server 0 copies the version from it.
+        c.start(1)
+        wait_repaired(c, [0, 1])
+        c.kill(1)
+        assert read_alone_all(c, keys, want)
+        # The copy is in server 0's new log: alone again after a restart, it serves the version.
+        c.kill(0)
+        c.start(0)
+        assert "copy from (its log was damaged)" not in c.stderr(0), c.stderr(0)
+        wait_repaired(c, [0])
+        assert read_alone_all(c, keys, want)
+    finally:
+        c.close()
+
+
+def read_alone_all(c: Cluster, keys: np.ndarray, want: dict[int, float]) -> bool:
+    """Replication 2 on 2 servers: the one up holds every partition and must serve every key exactly."""
+    g = grid(c)
+    try:
+        got = g.table("dmg").get_many(keys, default=-7.0)
+        return bool(np.array_equal(got, np.array([want.get(int(k), -7.0) for k in keys])))
+    finally:
+        g.close()
+
+
+def test_a_data_dir_from_another_grid_is_not_served(tmp_path: Path) -> None:
+    """A server restarted on the data dir of a server of another grid, whose table of the same name is another
+    incarnation with another value type: requests name the incarnation, so the foreign table answers none of them
+    (reads go to the other replica); the repair thread replaces it with this grid's incarnation, copied from the
+    replicas, and the server then serves this grid's values on its own."""
+    parts = 8
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = Cluster(tmp_path / "a", 3)
+    b = Cluster(tmp_path / "b", 1)
+    try:
+        for i in range(3):
+            a.start(i)
+        b.start(0)
+        keys = np.arange(20_000, dtype=np.int64)
+        ga = grid(a)
+        ta = ga.create_table("t", partitions=parts, replication=2, value_type="f64", durability="log")
+        ta.put_many(keys, values_of(keys))
+        ga.close()
+        gb = grid(b)
+        tb = gb.create_table("t", partitions=parts, value_type="i64", durability="log")
+        tb.put_many(keys, keys * 7)
+        gb.close()
+        b.kill(0)
+
+        # Server 0 of grid a comes back with grid b's data dir.
+        a.kill(0)
+        shutil.rmtree(a.data_dir(0))
+        shutil.copytree(b.data_dir(0), a.data_dir(0))
+        a.start(0)
+        g = grid(a)
+        got = g.table("t").get_many(keys, default=-7.0)
+        assert np.array_equal(got, values_of(keys))
+        g.close()
+        wait_repaired(a, [0, 1, 2])
+        err = a.stderr(0)
+        assert "replacing it" in err, err
+        a.kill(1)
+        a.kill(2)
+        want = {int(k): float(v) for k, v in zip(keys, values_of(keys))}
+        read_alone(a, keys, want, parts)
+        # The foreign table's directory is gone; this grid's is on disk (its log took the copy).
+        dirs = sorted(p.name for p in (a.data_dir(0) / "tables").iterdir())
+        assert len(dirs) == 1 and dirs[0] == next((a.data_dir(1) / "tables").iterdir()).name, dirs
+        a.kill(0)
+        a.start(0)
+        wait_repaired(a, [0])
+        read_alone(a, keys, want, parts)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_full_disk_refuses_a_seal_and_keeps_the_sealed_versions(tmp_path: Path) -> None:
+    """A snapshot seal whose image cannot be written (the file size limit standing in for a full disk) is refused
+    with the data directory's error naming the file; the version is not sealed (the writer drops it), the previous
+    version stays current and exact, and a restart serves exactly what was sealed before, nothing of the failed
+    version."""
+    c = Cluster(tmp_path, 1, threads=1)
+    try:
+        c.start(0, fsize_limit=1 << 20)
+        g = grid(c)
+        t = g.create_table("snap", partitions=2, value_type="bytes", durability="snapshot")
+        small = list(range(500))
+        with t.new_version() as v:
+            v.put_many(small, [b"s%d" % k for k in small])
+        big = list(range(4000))
+        w = t.new_version()
+        w.begin()
+        w.put_many(big, [b"b%d-" % k + b"x" * 1000 for k in big])  # about 2 MB per partition image
+        with pytest.raises(ramgrid.RamgridError) as e:
+            w.commit()
+        msg = str(e.value)
+        assert "data directory" in msg and "cannot write" in msg and ".img" in msg, msg
+        assert t.current_version() == 2
+        assert [x["version"] for x in t.versions() if x["sealed"]] == [2]
+        assert t.get_many(small) == [b"s%d" % k for k in small]
+        g.close()
+        c.kill(0)
+        c.start(0)  # no limit now
+        g = grid(c)
+        t = g.table("snap")
+        assert t.current_version() == 2
+        assert t.get_many(small) == [b"s%d" % k for k in small]
+        assert 3 not in [x["version"] for x in t.versions()]
+        assert not list(c.data_dir(0).glob("tables/snap-*/v3"))
         g.close()
     finally:
         c.close()

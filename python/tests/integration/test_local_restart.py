@@ -49,3 +49,38 @@ def test_the_durable_tables_example_runs() -> None:
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "reads back exactly" in r.stdout
+
+
+def test_a_log_table_server_restarted_with_join_reconciles_its_log(tmp_path: Path) -> None:
+    """LocalGrid.restart passes --join, not a spec: the server replays its log before it knows which partitions
+    have other replicas, and reconciles them when it learns the spec. Writes acknowledged with ack="one" while it
+    was down (overwrites, deletes) are then served by it alone."""
+    from ramgrid import _native
+    from ramgrid.exceptions import PartitionsUnavailable
+
+    parts = 16
+    keys = np.arange(20_000, dtype=np.int64)
+    with ramgrid.local(servers=3, memory="64MiB", data_dir=tmp_path) as g:
+        t = g.create_table("wal", partitions=parts, replication=2, value_type="f64", durability="log")
+        t.put_many(keys, keys * 0.5)
+        g.kill(1)
+        one = ramgrid.connect(g.addresses, ack="one", timeout=2.0)
+        one.table("wal").put_many(keys[::2], keys[::2] * 0.5 + 100.0)
+        gone = keys[1::4]
+        one.table("wal").delete_many(gone)
+        one.close()
+        want = keys * 0.5
+        want[::2] += 100.0
+        want[1::4] = -7.0
+        g.restart(1)
+        g.wait_repaired()
+        assert "to reconcile with a replica" in g.server_stderr(1), g.server_stderr(1)
+        g.kill(0)
+        g.kill(2)
+        alone = ramgrid.connect(g.addresses, timeout=2.0).table("wal")
+        with pytest.raises(PartitionsUnavailable) as e:
+            alone.get_many(keys, default=-7.0)
+        part = np.array([_native.partition_of(int(k), parts) for k in keys])
+        mine = ~np.isin(part, list(e.value.partitions))
+        assert mine.sum() > len(keys) // 3
+        assert np.array_equal(alone.get_many(keys[mine], default=-7.0), want[mine])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -86,6 +87,54 @@ def test_a_restarted_server_repairs_then_another_may_die() -> None:
         # With server 2 gone, partitions replicated on (1, 2) are served by the repaired server 1 alone.
         g.kill(2)
         check_all(g.spec, "repair", everything)
+
+
+def test_a_joining_server_killed_mid_copy_restarts_and_the_move_completes() -> None:
+    """SIGKILL of the server being added while it copies its partitions in: the move does not complete without it
+    (old holders keep serving exact reads), its restart (`--join`, empty) learns the move's spec and copies every
+    partition again, the move then completes, every key of both versions reads exactly, and a second move (taking
+    it out again) is not blocked by the first."""
+    with ramgrid.local(servers=3, memory="512MiB") as g:
+        t = g.create_table("mid", partitions=32, replication=2, value_type="bytes")
+        keys = np.arange(30_000, dtype=np.int64)
+        head = [b"h%d-" % k + b"x" * 1000 for k in keys.tolist()]
+        for at in range(0, len(keys), 5_000):
+            t.put_many(keys[at : at + 5_000], head[at : at + 5_000])
+        with t.new_version() as v:
+            for at in range(0, len(keys), 5_000):
+                v.put_many(keys[at : at + 5_000], [b"s%d" % k for k in keys[at : at + 5_000].tolist()])
+        sealed = [b"s%d" % k for k in keys.tolist()]
+        outcome: dict[str, object] = {}
+
+        def add() -> None:
+            try:
+                outcome["added"] = g.add_server()
+            except BaseException as e:  # noqa: BLE001 - reported by the test thread
+                outcome["error"] = e
+
+        th = threading.Thread(target=add)
+        th.start()
+        deadline = time.monotonic() + 30
+        while len(g.alive()) < 4 or "repair: copied" not in g.server_stderr(3):
+            assert th.is_alive() and time.monotonic() < deadline, outcome
+            time.sleep(0.002)
+        before_kill = g.server_stderr(3).count("repair: copied")
+        g.kill(3)  # mid-copy: at least one partition in, the move not complete
+        assert th.is_alive(), "the move completed before the kill; the test needs more data"
+        assert t.pin(1).get_many(keys) == head  # the old holders serve every read meanwhile
+        g.restart(3)
+        th.join(timeout=40)
+        assert not th.is_alive() and "error" not in outcome, outcome
+        g.wait_repaired()
+        st = g.status()
+        assert len(st) == 4 and st[3]["copied_partitions"] > 0, st
+        # It restarted empty and copied every partition again: the kill came before the last copy.
+        assert before_kill < st[3]["copied_partitions"], (before_kill, st[3])
+        assert t.get_many(keys) == sealed and t.pin(1).get_many(keys) == head
+        # No move is left in progress: the next one runs.
+        g.remove_server(3)
+        assert len(g.servers) == 3
+        assert t.get_many(keys) == sealed and t.pin(1).get_many(keys) == head
 
 
 PKG_ROOT = str(Path(ramgrid.__file__).resolve().parents[1])

@@ -12,9 +12,18 @@
 //! - into an open version, every key of the image is stored unless a write here touched it since
 //!   the copy began: those writes came later than the copy's, or with it (the image was taken
 //!   after this server started taking writes for the partition, see the server's repair), so
-//!   they stand. Deletes are remembered the same way, so the copy cannot bring a key back.
+//!   they stand. Deletes are remembered the same way, so the copy cannot bring a key back. A
+//!   key here that the image lacks and no write here touched is removed: the replica deleted it
+//!   (or never had it), and the image is newer than anything here that was not written since.
 //!
 //! Either way the partition stops being pending only when its whole copy is in.
+//!
+//! A log table's open version replayed from this server's own write-ahead log at a restart is
+//! *pending with its content* ([`Tables::mark_replayed_pending`]): it may lack writes its
+//! replicas took while this server was down, so a copy from a replica reconciles it (the rules
+//! above: replayed keys the replica has are replaced, those it lacks are dropped, writes here
+//! since the restart stand). If no replica can give a copy (all of them are down or
+//! restarting too), [`Tables::serve_replayed`] serves the replayed content as it is.
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -194,10 +203,69 @@ impl Tables {
                     *data = PartData::new(table.spec.value_type, self.meter.clone());
                     *slot.touched.lock() = Some(HashSet::new());
                 }
+                slot.local.store(false, Ordering::Release);
                 slot.pending.store(true, Ordering::Release);
             }
         }
         Ok(())
+    }
+
+    /// Marks `partitions` of OPEN version `version` pending *without emptying them*: their data
+    /// was replayed from this server's own write-ahead log at a restart and must be reconciled
+    /// with a replica's (module docs). With `servable`, [`Tables::serve_replayed`] may later end
+    /// the pending state without a copy (no replica can give one); without it (the log was
+    /// damaged and what is here is known to be incomplete) only a copy ends it. Writes are taken
+    /// and remembered from now on, as for any pending partition. A sealed version is refused.
+    pub fn mark_replayed_pending(
+        &self,
+        name: &str,
+        version: u32,
+        partitions: &[u32],
+        servable: bool,
+    ) -> Result<()> {
+        let table = self.table(name)?;
+        let v = table.state.read().lookup(version)?;
+        for &p in partitions {
+            let slot = v.parts.get(p as usize).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "partition {p} out of range 0..{}",
+                    table.spec.partitions
+                ))
+            })?;
+            let open = slot.open.write();
+            if open.is_none() {
+                return Err(Error::VersionSealed(version));
+            }
+            if !slot.pending.load(Ordering::Acquire) {
+                *slot.touched.lock() = Some(HashSet::new());
+                slot.local.store(servable, Ordering::Release);
+                slot.pending.store(true, Ordering::Release);
+            }
+        }
+        Ok(())
+    }
+
+    /// Serves partition `partition` of OPEN version `version` as it is: ends its pending state
+    /// if it was marked by [`Tables::mark_replayed_pending`] as servable (its data is this
+    /// server's replay of its log), and says whether it did. A partition emptied for a copy is
+    /// never served this way.
+    pub fn serve_replayed(&self, name: &str, version: u32, partition: u32) -> Result<bool> {
+        let table = self.table(name)?;
+        let v = table.state.read().lookup(version)?;
+        let Some(slot) = v.parts.get(partition as usize) else {
+            return Ok(false);
+        };
+        let open = slot.open.write();
+        if open.is_none()
+            || !slot.pending.load(Ordering::Acquire)
+            || !slot.local.load(Ordering::Acquire)
+        {
+            return Ok(false);
+        }
+        *slot.touched.lock() = None;
+        slot.local.store(false, Ordering::Release);
+        slot.pending.store(false, Ordering::Release);
+        Ok(true)
     }
 
     /// Ends every pending state of table `name` without a copy: its creator's CREATE_TABLE has
@@ -210,6 +278,7 @@ impl Tables {
             for slot in v.parts.iter() {
                 let _open = slot.open.write();
                 *slot.touched.lock() = None;
+                slot.local.store(false, Ordering::Release);
                 slot.pending.store(false, Ordering::Release);
             }
         }
@@ -233,6 +302,7 @@ impl Tables {
         for slot in v.parts.iter() {
             let _open = slot.open.write();
             *slot.touched.lock() = None;
+            slot.local.store(false, Ordering::Release);
             slot.pending.store(false, Ordering::Release);
         }
         Ok(true)
@@ -261,10 +331,10 @@ impl Tables {
     }
 
     /// Brings a copy of `partition` of `version` in from `image` (taken from a replica) and
-    /// ends its pending state; returns the items copied. `sealed` says whether the replica's
-    /// version was sealed when the image was taken. Into a sealed version the image replaces
-    /// the partition; into an open one its keys are stored except those written here since the
-    /// copy began (module docs). On error (a corrupt image, memory) nothing changed for a sealed
+    /// ends its pending state; returns the items copied. Into a sealed version the image
+    /// replaces the partition; into an open one its keys are stored except those written here
+    /// since the copy began, and keys here that the image lacks are removed unless written here
+    /// since (module docs). On error (a corrupt image, memory) nothing changed for a sealed
     /// version, and an open one stays pending (a retry stores the same keys again).
     pub fn import_image(
         &self,
@@ -273,6 +343,28 @@ impl Tables {
         partition: u32,
         image: &[u8],
     ) -> Result<usize> {
+        let (items, _) = self.import_image_then(name, version, partition, image, |_, _| ())?;
+        self.finish_import(name, version, partition)?;
+        Ok(items)
+    }
+
+    /// [`Tables::import_image`] in two steps, for a copy that must be made durable before it is
+    /// served. Into an open partition: once the copy is merged, `then(view, dropped)` runs under
+    /// the partition's write lock with the partition's content and the keys the copy removed
+    /// (there before, absent from the image, not written here since), so a write-ahead log can
+    /// append the copy ahead of every later write; the partition *stays pending* (reads refused,
+    /// writes taken and remembered, a retry merges again without overwriting them) until
+    /// [`Tables::finish_import`]. Returns the items stored and what `then` returned (`None`: the
+    /// version is sealed, its partition replaced and no longer pending; or the partition was no
+    /// longer pending, so nothing was imported).
+    pub fn import_image_then<R>(
+        &self,
+        name: &str,
+        version: u32,
+        partition: u32,
+        image: &[u8],
+        then: impl FnOnce(super::PartitionView<'_>, &[Box<[u8]>]) -> R,
+    ) -> Result<(usize, Option<R>)> {
         let table = self.table(name)?;
         let spec = &table.spec;
         if partition >= spec.partitions {
@@ -286,7 +378,7 @@ impl Tables {
             let data = crate::image::read_image(image, Some(spec.value_type), &self.meter)?;
             let items = data.len();
             self.replace_sealed(&table, &v, vec![(partition, Some(data))])?;
-            return Ok(items);
+            return Ok((items, None));
         }
         // Open here. Validate the image apart (uncharged: only what is stored counts), then
         // merge under the partition's write lock so no write can slip between check and store.
@@ -299,8 +391,13 @@ impl Tables {
         let Some(data) = open.as_mut() else {
             // Sealed since we looked: try again as a sealed import.
             drop(open);
-            return self.import_image(name, version, partition, image);
+            return self.import_image_then(name, version, partition, image, then);
         };
+        if !slot.pending.load(Ordering::Acquire) {
+            // No longer waiting for a copy (its creator claimed it, or another copy came first):
+            // the writes since are not remembered, so the image must not overwrite or remove them.
+            return Ok((0, None));
+        }
         let mut touched = slot.touched.lock();
         let skip = touched.take().unwrap_or_default();
         let mut refused = None;
@@ -326,8 +423,43 @@ impl Tables {
                 other => Error::Invalid(format!("copy of partition {partition}: {other:?}")),
             });
         }
+        // What the replica no longer has (deleted while this server was away) goes too, unless
+        // written here since the copy began.
+        let dropped: Vec<Box<[u8]>> = (0..data.len())
+            .map(|i| data.key(i))
+            .filter(|k| copy.find(k, super::partition::key_hash(k)).is_none() && !skip.contains(*k))
+            .map(Box::from)
+            .collect();
+        for k in &dropped {
+            data.delete(k, super::MAX_KEY_LEN);
+        }
+        // Still pending until finished: later writes stay remembered, in case this merge is
+        // retried (its caller could not make it durable).
+        *touched = Some(skip);
+        let view = super::PartitionView {
+            data,
+            version,
+            value_type: spec.value_type,
+        };
+        Ok((stored, Some(then(view, &dropped))))
+    }
+
+    /// Ends the pending state of `partition` of open version `version` after
+    /// [`Tables::import_image_then`] (its copy is in, and durable where it must be): reads are
+    /// served from now on. Nothing for a partition that is not pending or a sealed version.
+    pub fn finish_import(&self, name: &str, version: u32, partition: u32) -> Result<()> {
+        let table = self.table(name)?;
+        let v = table.state.read().lookup(version)?;
+        let Some(slot) = v.parts.get(partition as usize) else {
+            return Err(Error::Invalid(format!(
+                "partition {partition} out of range"
+            )));
+        };
+        let _open = slot.open.write();
+        *slot.touched.lock() = None;
+        slot.local.store(false, Ordering::Release);
         slot.pending.store(false, Ordering::Release);
-        Ok(stored)
+        Ok(())
     }
 
     /// Empties `partitions` in every version of table `name`: this server no longer holds them
@@ -358,6 +490,7 @@ impl Tables {
                         *data = PartData::new(table.spec.value_type, self.meter.clone());
                     }
                     *slot.touched.lock() = None;
+                    slot.local.store(false, Ordering::Release);
                     slot.pending.store(false, Ordering::Release);
                 }
             }
