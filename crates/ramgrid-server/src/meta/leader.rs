@@ -11,9 +11,13 @@
 //! its partitions get other replicas, and those copy them in from the survivors (the repair
 //! thread). So a failure is acted on within `failure_timeout + PING_EVERY` of the last answer,
 //! plus an election (about 2.6 s at most) when the leader is the one that failed. A failed
-//! server that has answered for [`REJOIN_AFTER`] rejoins: back in the spec, it copies in
-//! everything it holds before serving it. No fail-over or rejoin during a move (the move is
-//! finished or undone by its coordinator first), and never of the last server.
+//! server that has answered for [`REJOIN_AFTER`] rejoins through a move the leader runs itself
+//! (the spec with it as `next`; it copies in everything it will hold, the others keep serving;
+//! completed once every server runs the moving spec with nothing left to copy), begun only when
+//! no server has anything pending: a plain spec change would let servers release partitions the
+//! new holders have not copied yet. A move (the leader's or a client's) whose server stops
+//! answering for `failure_timeout` is undone, so that the fail-over can run. Never a fail-over of
+//! the last server.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -32,6 +36,8 @@ const PING_EVERY: Duration = Duration::from_millis(250);
 const PING_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long a failed server must answer before it rejoins.
 const REJOIN_AFTER: Duration = Duration::from_secs(1);
+/// How a rejoin the leader began names itself in the transition.
+const REJOIN: &str = "rejoin of ";
 /// Voters kept in the group when enough servers are live.
 const VOTERS: usize = 3;
 
@@ -79,6 +85,9 @@ pub struct Leader {
     ok_since: HashMap<String, Instant>,
     /// Each server's node id, as it reports it.
     ids: HashMap<String, NodeId>,
+    /// Each server's epoch and partitions still to copy in, from its last answer.
+    epochs: HashMap<String, u64>,
+    pending: HashMap<String, u64>,
 }
 
 impl Leader {
@@ -89,6 +98,8 @@ impl Leader {
             last_ok: HashMap::new(),
             ok_since: HashMap::new(),
             ids: HashMap::new(),
+            epochs: HashMap::new(),
+            pending: HashMap::new(),
         }
     }
 
@@ -122,8 +133,47 @@ impl Leader {
         self.probe(meta, &watched).await;
         let now = Instant::now();
 
-        // Fail over a server of the spec that stopped answering (one per tick).
-        if ms.transition.is_none() {
+        if let Some(t) = &ms.transition {
+            // A move whose server stopped answering cannot finish: undo it (a client coordinating
+            // it sees its completion refused, and undoes its side), so the fail-over can run.
+            let members: BTreeSet<&String> = ms.servers.iter().chain(&t.target).collect();
+            let dead = members.iter().find(|a| {
+                ***a != meta.server_id
+                    && now.duration_since(self.last_answer(a)) > meta.failure_timeout
+            });
+            if let Some(addr) = dead {
+                match meta.node.propose(MetaCommand::AbortTransition).await {
+                    Ok(_) => meta.events.note(
+                        |_| {},
+                        format!("undid the move to {:?}: {addr} stopped answering", t.target),
+                    ),
+                    Err(e) => eprintln!("ramgrid-server: cannot undo the move: {e}"),
+                }
+                return;
+            }
+            // A rejoin this leader began: complete it once every server runs the moving spec and
+            // has nothing left to copy in.
+            if t.started_by.starts_with(REJOIN) {
+                let moving = super::spec_of(&ms).map(|s| s.epoch());
+                let done = members.iter().all(|a| {
+                    self.epochs.get(*a).copied() == moving && self.pending.get(*a) == Some(&0)
+                });
+                if done {
+                    let cmd = MetaCommand::CompleteTransition {
+                        target: t.target.clone(),
+                    };
+                    match meta.node.propose(cmd).await {
+                        Ok(_) => meta.events.note(
+                            |e| e.rejoins += 1,
+                            format!("{} rejoined: {:?}", t.started_by, t.target),
+                        ),
+                        Err(e) => eprintln!("ramgrid-server: cannot complete the rejoin: {e}"),
+                    }
+                    return;
+                }
+            }
+        } else {
+            // Fail over a server of the spec that stopped answering (one per tick).
             let dead = ms.servers.iter().find(|a| {
                 **a != meta.server_id
                     && now.duration_since(self.last_answer(a)) > meta.failure_timeout
@@ -144,19 +194,28 @@ impl Leader {
                 }
                 return;
             }
+            // A failed server that answers again rejoins as a move (copies first, then the new
+            // spec), once nothing is being copied anywhere: a plain spec change would release
+            // partitions on servers that the new holders have not copied yet.
+            let settled = ms.servers.iter().all(|a| self.pending.get(a) == Some(&0));
             let back = ms.failed.iter().find(|a| {
                 self.ok_since
                     .get(*a)
                     .is_some_and(|t| now.duration_since(*t) >= REJOIN_AFTER)
             });
-            if let Some(addr) = back {
-                let cmd = MetaCommand::Rejoin { addr: addr.clone() };
+            if let (Some(addr), true) = (back, settled) {
+                let mut target = ms.servers.clone();
+                target.push(addr.clone());
+                let cmd = MetaCommand::BeginTransition {
+                    target,
+                    by: format!("{REJOIN}{addr}"),
+                };
                 match meta.node.propose(cmd).await {
                     Ok(_) => meta.events.note(
-                        |e| e.rejoins += 1,
-                        format!("{addr} answers again: it rejoins and copies in what it holds"),
+                        |_| {},
+                        format!("{addr} answers again: it rejoins, copying in what it will hold"),
                     ),
-                    Err(e) => eprintln!("ramgrid-server: rejoin of {addr} not done: {e}"),
+                    Err(e) => eprintln!("ramgrid-server: rejoin of {addr} not begun: {e}"),
                 }
                 return;
             }
@@ -180,31 +239,38 @@ impl Leader {
             let addr = addr.clone();
             set.spawn(async move {
                 let deadline = Instant::now() + PING_TIMEOUT;
-                let id = pool.status(&addr, deadline).await.map(|lines| {
-                    lines
-                        .iter()
-                        .find(|(k, _)| k == "meta_id")
-                        .and_then(|(_, v)| v.parse::<NodeId>().ok())
-                });
-                (addr, id)
+                let lines = pool.status(&addr, deadline).await;
+                (addr, lines)
             });
         }
         let now = Instant::now();
         while let Some(r) = set.join_next().await {
-            let Ok((addr, id)) = r else { continue };
-            match id {
-                Ok(id) => {
-                    self.last_ok.insert(addr.clone(), now);
-                    self.ok_since.entry(addr.clone()).or_insert(now);
-                    match id {
-                        Some(id) => self.ids.insert(addr, id),
-                        None => self.ids.remove(&addr),
-                    };
-                }
-                Err(_) => {
-                    self.ok_since.remove(&addr);
-                }
-            }
+            let Ok((addr, lines)) = r else { continue };
+            let Ok(lines) = lines else {
+                self.ok_since.remove(&addr);
+                self.pending.remove(&addr);
+                continue;
+            };
+            let field = |k: &str| {
+                lines
+                    .iter()
+                    .find(|(key, _)| key == k)
+                    .map(|(_, v)| v.as_str())
+            };
+            self.last_ok.insert(addr.clone(), now);
+            self.ok_since.entry(addr.clone()).or_insert(now);
+            match field("epoch").and_then(|v| u64::from_str_radix(v, 16).ok()) {
+                Some(e) => self.epochs.insert(addr.clone(), e),
+                None => self.epochs.remove(&addr),
+            };
+            match field("pending_partitions").and_then(|v| v.parse().ok()) {
+                Some(p) => self.pending.insert(addr.clone(), p),
+                None => self.pending.remove(&addr),
+            };
+            match field("meta_id").and_then(|v| v.parse::<NodeId>().ok()) {
+                Some(id) => self.ids.insert(addr, id),
+                None => self.ids.remove(&addr),
+            };
         }
     }
 

@@ -401,7 +401,7 @@ fn no_quorum(why: &str) -> ErrorReply {
 }
 
 /// The spec the state names: its servers, and a move's target as `next`.
-fn spec_of(ms: &MetaState) -> Option<ClusterSpec> {
+pub(crate) fn spec_of(ms: &MetaState) -> Option<ClusterSpec> {
     if ms.servers.is_empty() {
         return None;
     }
