@@ -242,13 +242,7 @@ impl Meta {
         // sends the same spec to every server, and only the first may change anything.
         let ms = self.read_committed().await?;
         if let Some(cmd) = command_for(&ms, &spec)? {
-            let node = self.node.clone();
-            let outcome = self
-                .rt
-                .spawn(async move { node.propose(cmd).await })
-                .await
-                .map_err(|e| ErrorReply::new(Status::Internal, e.to_string()))?;
-            match outcome {
+            match self.propose(cmd).await? {
                 Ok(_) => {}
                 Err(MetaError::Refused(r)) => {
                     // Refused because another proposer got there first with the same spec?
@@ -314,13 +308,7 @@ impl Meta {
             }
             _ => return Ok(()),
         };
-        let node = self.node.clone();
-        let outcome = self
-            .rt
-            .spawn(async move { node.propose(cmd).await })
-            .await
-            .map_err(|e| ErrorReply::new(Status::Internal, e.to_string()))?;
-        match outcome {
+        match self.propose(cmd).await? {
             Ok(_) => Ok(()),
             Err(MetaError::Refused(r @ MetaRefusal::TableExists { .. })) => Err(ErrorReply::new(
                 Status::TableExists,
@@ -335,6 +323,18 @@ impl Meta {
             Err(e @ MetaError::NoQuorum { .. }) => Err(no_quorum(&e.to_string())),
             Err(e) => Err(ErrorReply::new(Status::Internal, e.to_string())),
         }
+    }
+
+    /// Proposes `cmd` on the metadata runtime (the caller's may be a worker's single thread).
+    async fn propose(
+        &self,
+        cmd: MetaCommand,
+    ) -> Result<Result<ramgrid_meta::MetaReply, MetaError>, ErrorReply> {
+        let node = self.node.clone();
+        self.rt
+            .spawn(async move { node.propose(cmd).await })
+            .await
+            .map_err(|e| ErrorReply::new(Status::Internal, e.to_string()))
     }
 
     /// The group's state with every committed command applied (through the leader).
