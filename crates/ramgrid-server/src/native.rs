@@ -174,66 +174,18 @@ pub async fn serve(
                         _ => state.max_body,
                     };
                     let before = out.len();
-                    let meta = state.meta.get().filter(|_| conn.authed);
                     let started = std::time::Instant::now();
-                    let mut refused = match (&req, meta) {
-                        // Requests the metadata group answers, on its runtime.
-                        (Request::Raft { message }, Some(m)) => {
-                            let reply = m.handle_rpc(message.to_vec()).await;
-                            let _ = Response::Raft(&reply).encode(
-                                &mut out,
-                                frame.opcode,
-                                frame.request_id,
-                            );
-                            None
+                    // The metadata group answers some requests itself, on its runtime (meta/mod.rs).
+                    let answered = match state.meta.get().filter(|_| conn.authed) {
+                        Some(m) => {
+                            m.answer(state, &req, frame.opcode, frame.request_id, &mut out)
+                                .await
                         }
-                        (Request::SetSpec { spec }, Some(m)) => {
-                            let r = match ClusterSpec::parse_bytes(spec) {
-                                Ok(spec) => m.set_spec(state, spec).await,
-                                Err(e) => Err(ErrorReply::new(Status::BadRequest, e.to_string())),
-                            };
-                            match r {
-                                Ok(epoch) => {
-                                    let _ = Response::SpecSet { epoch }.encode(
-                                        &mut out,
-                                        frame.opcode,
-                                        frame.request_id,
-                                    );
-                                    None
-                                }
-                                Err(e) => {
-                                    let _ = wire::encode_error(
-                                        &mut out,
-                                        frame.opcode,
-                                        frame.request_id,
-                                        &e,
-                                    );
-                                    Some(e.status)
-                                }
-                            }
-                        }
-                        (Request::CreateTable(_) | Request::DropTable { .. }, Some(m)) => {
-                            match m.catalog(state, &req).await {
-                                Ok(()) => conn.handle(
-                                    state,
-                                    frame.opcode,
-                                    frame.request_id,
-                                    &req,
-                                    &mut out,
-                                    room,
-                                ),
-                                Err(e) => {
-                                    let _ = wire::encode_error(
-                                        &mut out,
-                                        frame.opcode,
-                                        frame.request_id,
-                                        &e,
-                                    );
-                                    Some(e.status)
-                                }
-                            }
-                        }
-                        _ => {
+                        None => None,
+                    };
+                    let mut refused = match answered {
+                        Some(refused) => refused,
+                        None => {
                             conn.handle(state, frame.opcode, frame.request_id, &req, &mut out, room)
                         }
                     };

@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use ramgrid_meta::{MetaCommand, MetaConfig, MetaError, MetaNode, MetaRefusal, MetaState, NodeId};
 use ramgrid_proto::cluster::ClusterSpec;
-use ramgrid_proto::native::{ErrorReply, Request, Status};
+use ramgrid_proto::native::{self as wire, ErrorReply, Opcode, Request, Response, Status};
 use tokio::time::Instant;
 
 use crate::native::NativeState;
@@ -209,7 +209,7 @@ impl Meta {
     }
 
     /// Serves one RAFT message from a peer (on the metadata runtime).
-    pub async fn handle_rpc(self: &Arc<Self>, message: Vec<u8>) -> Vec<u8> {
+    async fn handle_rpc(self: &Arc<Self>, message: Vec<u8>) -> Vec<u8> {
         // A leader reaching us after a gap longer than the lease: what we hold may be behind.
         if self.member.load(Ordering::Acquire) && self.contact_age() > self.lease {
             self.stale.store(true, Ordering::Release);
@@ -225,8 +225,53 @@ impl Meta {
         }
     }
 
+    /// Answers what the group decides: RAFT messages, SET_SPEC, and the group's half of
+    /// CREATE_TABLE and DROP_TABLE. `None`: not answered here, the connection handles the request
+    /// (a table change the group accepted is then applied locally). `Some(refused)`: answered in
+    /// `out`, with the refusal's status if it was one.
+    pub async fn answer(
+        self: &Arc<Self>,
+        state: &NativeState,
+        req: &Request<'_>,
+        op: Opcode,
+        id: u64,
+        out: &mut Vec<u8>,
+    ) -> Option<Option<Status>> {
+        let refuse = |out: &mut Vec<u8>, e: ErrorReply| {
+            let _ = wire::encode_error(out, op, id, &e);
+            Some(Some(e.status))
+        };
+        match req {
+            Request::Raft { message } => {
+                let reply = self.handle_rpc(message.to_vec()).await;
+                let _ = Response::Raft(&reply).encode(out, op, id);
+                Some(None)
+            }
+            Request::SetSpec { spec } => {
+                let r = match ClusterSpec::parse_bytes(spec) {
+                    Ok(spec) => self.set_spec(state, spec).await,
+                    Err(e) => Err(ErrorReply::new(Status::BadRequest, e.to_string())),
+                };
+                match r {
+                    Ok(epoch) => {
+                        let _ = Response::SpecSet { epoch }.encode(out, op, id);
+                        Some(None)
+                    }
+                    Err(e) => refuse(out, e),
+                }
+            }
+            Request::CreateTable(_) | Request::DropTable { .. } => {
+                match self.catalog(state, req).await {
+                    Ok(()) => None,
+                    Err(e) => refuse(out, e),
+                }
+            }
+            _ => None,
+        }
+    }
+
     /// SET_SPEC: a proposal on a member, a plain install outside any group (module docs, 2).
-    pub async fn set_spec(
+    async fn set_spec(
         self: &Arc<Self>,
         state: &NativeState,
         spec: ClusterSpec,
@@ -271,7 +316,7 @@ impl Meta {
 
     /// CREATE_TABLE and DROP_TABLE on a member: the group decides first (module docs, 4), then
     /// the server applies the request locally as before.
-    pub async fn catalog(
+    async fn catalog(
         self: &Arc<Self>,
         state: &NativeState,
         req: &Request<'_>,
