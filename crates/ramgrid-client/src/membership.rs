@@ -47,6 +47,8 @@ pub const DEAD_AFTER: Duration = Duration::from_secs(10);
 
 /// How long a move may wait for its copies by default.
 pub const MOVE_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a move waits for the servers it removed to stop being voters of the metadata group.
+const VOTER_WAIT: Duration = Duration::from_secs(10);
 
 impl Client {
     fn pool_for(&self, addr: &str) -> Arc<Pool> {
@@ -266,6 +268,13 @@ impl Client {
             self.set_spec_on(a, &target)?;
         }
         self.adopt_spec(target);
+        // 4. Servers that left are usually stopped right after: first let the metadata group's
+        // leader take them out of its voters, so that two removals in a row never stop two of
+        // its three voters.
+        let left: Vec<&String> = from.iter().filter(|a| !to.contains(a)).collect();
+        if !left.is_empty() {
+            self.wait_not_voters(&to, &left, Instant::now() + VOTER_WAIT);
+        }
         Ok(MoveReport {
             from,
             to,
@@ -275,6 +284,26 @@ impl Client {
                 .saturating_sub(copied(&before, "copied_bytes")),
             seconds: started.elapsed().as_secs_f64(),
         })
+    }
+
+    /// Waits (at most until `deadline`, then goes on) until no server of `servers` lists any of
+    /// `left` as a voter of the metadata group (CLUSTER_STATUS `meta_member` lines).
+    fn wait_not_voters(&self, servers: &[String], left: &[&String], deadline: Instant) {
+        loop {
+            let Some(status) = servers.iter().find_map(|a| self.server_status(a).ok()) else {
+                return;
+            };
+            let members = status.get("meta_member").cloned().unwrap_or_default();
+            let voting = members.split("; ").any(|m| {
+                let mut parts = m.split(' ');
+                let addr = parts.next().unwrap_or("");
+                m.ends_with(" voter") && left.iter().any(|l| l.as_str() == addr)
+            });
+            if !voting || Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Waits until every server of `servers` runs `spec` and has learned the tables (and, with

@@ -205,3 +205,21 @@ def test_two_clients_creating_one_table_at_once_one_wins_everywhere() -> None:
             t = ramgrid.connect(g.spec).table(name)
             t.put_many([b"k"], np.ones((1, dim), dtype=np.float32))
             assert t.get_many([b"k"]).shape == (1, dim)
+
+
+def test_voters_removed_one_after_another_by_moves_keep_the_group_alive() -> None:
+    with _grid(4) as g:
+        t = g.create_table("voters", partitions=8, replication=2, value_type="i64")
+        base = load(t, 5_000)
+        for _ in range(2):
+            st = _status(g)
+            voters = [m.split(" ")[0] for m in st[0]["meta_member"].split("; ") if m.endswith(" voter")]
+            leader = _leader(g)
+            # A voter that is not the leader, removed by a move and stopped at once.
+            victim = next(v for v in voters if v != leader and v in g.addresses)
+            g.remove_server(g.addresses.index(victim))
+        # The group still commits: a table is created and written, every key reads back.
+        t2 = g.create_table("after", partitions=8, replication=2, value_type="i64")
+        load(t2, 1_000)
+        check_all(g.spec, "voters", base)
+        check_all(g.spec, "after", np.arange(1_000, dtype=np.int64))

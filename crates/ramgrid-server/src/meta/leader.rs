@@ -308,10 +308,8 @@ impl Leader {
             .iter()
             .filter(|(id, m)| {
                 !status.voters.contains(id)
-                    && match self.ids.get(&m.addr) {
-                        Some(current) => current != *id,
-                        None => !watched.contains(&m.addr),
-                    }
+                    && (!watched.contains(&m.addr)
+                        || self.ids.get(&m.addr).is_some_and(|c| c != *id))
             })
             .map(|(id, _)| *id)
             .collect();
@@ -326,9 +324,14 @@ impl Leader {
             return;
         }
         let now = Instant::now();
+        // A voter must be a server of the cluster (the spec, a move's target, or failed over and
+        // expected back) that answers as this node: a server a move removed is replaced at once,
+        // not after the failure timeout, since it is usually stopped right after (two removals
+        // in a row must not take two of three voters).
         let live = |id: &NodeId| {
             status.members.get(id).is_some_and(|m| {
                 self.ids.get(&m.addr) == Some(id)
+                    && watched.contains(&m.addr)
                     && now.duration_since(self.last_answer(&m.addr)) <= meta.failure_timeout
             })
         };
