@@ -57,7 +57,7 @@ pub struct MetaState {
     /// The table catalog by name.
     pub tables: BTreeMap<String, TableMeta>,
     /// Servers the failure detector took out of the spec ([`MetaCommand::FailOver`]) that have
-    /// not come back yet; they rejoin ([`MetaCommand::Rejoin`]) once they answer again.
+    /// not come back yet; the leader moves them back in once they answer again.
     #[serde(default)]
     pub failed: BTreeSet<String>,
     /// How many times each server was failed over, ever. A server that sees its count rise
@@ -107,12 +107,6 @@ pub enum MetaCommand {
     /// and remember it in `failed`. Refused during a transition and for the last server.
     FailOver {
         /// A server of the spec.
-        addr: String,
-    },
-    /// A failed-over server answers again: put it back at the end of the spec (it copies in
-    /// everything it holds before serving it).
-    Rejoin {
-        /// A server of `failed`.
         addr: String,
     },
     /// Create a table.
@@ -335,16 +329,6 @@ impl MetaState {
                 self.failed.insert(addr.clone());
                 *self.failures.entry(addr.clone()).or_default() += 1;
                 self.prune_down();
-                Ok(MetaReply::Epoch(self.epoch()))
-            }
-            MetaCommand::Rejoin { addr } => {
-                if let Some(t) = &self.transition {
-                    return Err(in_progress(t));
-                }
-                if !self.failed.remove(addr) {
-                    return Err(MetaRefusal::UnknownServer { addr: addr.clone() });
-                }
-                self.servers.push(addr.clone());
                 Ok(MetaReply::Epoch(self.epoch()))
             }
             MetaCommand::CreateTable {
@@ -624,11 +608,10 @@ mod tests {
     }
 
     #[test]
-    fn fail_over_takes_a_server_out_and_rejoin_puts_it_back_counted() {
+    fn fail_over_takes_a_server_out_and_a_move_puts_it_back_counted() {
         let mut st = MetaState::default();
         run(&mut st, set(&["a:1", "b:2", "c:3"], None)).unwrap();
         let fail = |a: &str| MetaCommand::FailOver { addr: a.into() };
-        let rejoin = |a: &str| MetaCommand::Rejoin { addr: a.into() };
         let e = ramgrid_proto::cluster::epoch_of(&["a:1", "c:3"]);
         assert_eq!(run(&mut st, fail("b:2")), Ok(MetaReply::Epoch(e)));
         assert_eq!(st.servers, list(&["a:1", "c:3"]));
@@ -636,21 +619,21 @@ mod tests {
         assert_eq!(st.failures.get("b:2"), Some(&1));
         // Not a server any more, and unknown servers are refused.
         assert!(run(&mut st, fail("b:2")).is_err());
-        assert!(run(&mut st, rejoin("z:9")).is_err());
-        // No fail-over or rejoin under a transition.
+        assert!(run(&mut st, fail("z:9")).is_err());
+        // It rejoins as the leader does it: a move to the spec with it at the end. No fail-over
+        // under a move.
+        let back = list(&["a:1", "c:3", "b:2"]);
         run(
             &mut st,
             MetaCommand::BeginTransition {
-                target: list(&["a:1"]),
-                by: "t".into(),
+                target: back.clone(),
+                by: "rejoin of b:2".into(),
             },
         )
         .unwrap();
         assert!(run(&mut st, fail("a:1")).is_err());
-        assert!(run(&mut st, rejoin("b:2")).is_err());
-        run(&mut st, MetaCommand::AbortTransition).unwrap();
-        let e = ramgrid_proto::cluster::epoch_of(&["a:1", "c:3", "b:2"]);
-        assert_eq!(run(&mut st, rejoin("b:2")), Ok(MetaReply::Epoch(e)));
+        assert!(st.failed.contains("b:2"));
+        run(&mut st, MetaCommand::CompleteTransition { target: back }).unwrap();
         assert!(st.failed.is_empty());
         // The count stays: a server seeing it rise knows it was out.
         assert_eq!(st.failures.get("b:2"), Some(&1));

@@ -116,6 +116,9 @@ def test_a_sealed_version_survives_sigkill_and_restart_exactly(cluster: Cluster)
     for i in range(2):
         cluster.restart(i)
         assert "loaded table" in cluster.stderr(i), cluster.stderr(i)
+        # A rolling restart: the next server goes down only once this one learned the memory table from its peer
+        # (else neither would know it; the assertion on "scratch" below depends on it).
+        wait_repaired(cluster, copied=False)
 
     g = grid(cluster)
     f, b, v32 = g.table("scores"), g.table("names"), g.table("vecs")

@@ -91,7 +91,7 @@ pub struct Leader {
 }
 
 impl Leader {
-    pub fn new(_meta: &Meta) -> Leader {
+    pub fn new() -> Leader {
         Leader {
             since: Instant::now(),
             last_ping: None,

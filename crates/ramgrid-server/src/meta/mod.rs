@@ -571,7 +571,7 @@ async fn keeper_task(state: Weak<NativeState>, meta: Arc<Meta>) {
             catch_up(&state, &meta).await;
         }
         if meta.node.is_leader() && !meta.stale.load(Ordering::Acquire) {
-            let l = leading.get_or_insert_with(|| leader::Leader::new(&meta));
+            let l = leading.get_or_insert_with(leader::Leader::new);
             l.tick(&state, &meta).await;
         } else {
             leading = None;

@@ -1,6 +1,6 @@
 //! Server-to-server requests on the metadata runtime: native-protocol connections to peers,
 //! kept in a small pool per address, carrying the Raft group's messages (RAFT frames) and the
-//! leader's health checks (PING, CLUSTER_STATUS).
+//! leader's health checks (CLUSTER_STATUS).
 //!
 //! Every call ends by its deadline, connect and HELLO included, so a dead or paused peer costs
 //! a timeout and never a stuck task. A connection that failed in any way is dropped, never
@@ -167,16 +167,6 @@ impl Pool {
             }
         }
         r
-    }
-
-    /// PING `addr`: whether it answered by `deadline`.
-    pub async fn ping(&self, addr: &str, deadline: Instant) -> bool {
-        self.call(addr, &Request::Ping, deadline, |r| match r {
-            Response::Done => Ok(()),
-            other => Err(format!("unexpected reply to PING: {other:?}")),
-        })
-        .await
-        .is_ok()
     }
 
     /// CLUSTER_STATUS of `addr`, as `(key, value)` lines.
