@@ -44,8 +44,23 @@ def metadata_latency(servers: int, n: int) -> dict[str, list[float]]:
                 v.put_many([i], [i])
 
         versions = _timed(switch, n)
+        # Each step alone: numbering a version (a proposal on every server in a group), and a switch between two
+        # sealed versions (one proposal, installed by every server).
+        c = g._client()
+        made = [int(c.create_version("v")) for _ in range(1)]
+        number = _timed(lambda i: made.append(int(c.create_version("v"))), n)
+        for v in made[-2:]:
+            c.seal_version("v", v)
+        a, b = made[-2:]
+        set_current = _timed(lambda i: c.set_current("v", a if i % 2 else b), n)
         drop = _timed(lambda i: g.drop_table(f"m{i}"), n)
-    return {"create_table": create, "new_version+commit": versions, "drop_table": drop}
+    return {
+        "create_table": create,
+        "new_version+commit": versions,
+        "create_version": number,
+        "set_current": set_current,
+        "drop_table": drop,
+    }
 
 
 def failovers(kills: int, keys: int, failure_timeout_ms: int, say: Any) -> None:
@@ -142,6 +157,7 @@ def main() -> None:
     ap.add_argument("--ops", type=int, default=30)
     ap.add_argument("--failure-timeout-ms", type=int, default=2000)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--metadata-only", action="store_true", help="skip the fail-over runs")
     a = ap.parse_args()
     lines: list[str] = []
 
@@ -155,7 +171,8 @@ def main() -> None:
         say(f"metadata operations, {label}:")
         for op, ms in lat.items():
             say(f"  {op:<20} {_fmt(ms)}")
-    failovers(a.kills, a.keys, a.failure_timeout_ms, say)
+    if not a.metadata_only:
+        failovers(a.kills, a.keys, a.failure_timeout_ms, say)
     if a.out:
         with open(a.out, "w") as f:
             f.write(

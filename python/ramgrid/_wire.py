@@ -280,7 +280,8 @@ def encode_request_body(opcode: str, f: dict) -> bytes:
     if opcode in ("DROP_TABLE", "DESCRIBE_TABLE"):
         return _s16(f["name"])
     if opcode in ("CREATE_VERSION", "SEAL_VERSION", "SET_CURRENT", "DROP_VERSION"):
-        return _s16(f["table"]) + _u32(f["version"])
+        out = _s16(f["table"]) + _u32(f["version"])
+        return out + _u64(f["creator"]) if f.get("creator") else out
     if opcode == "SET_SPEC":
         return _b32(bytes.fromhex(f["spec_hex"]))
     if opcode == "RAFT":
@@ -339,6 +340,8 @@ def decode_request_body(opcode: str, body: bytes) -> dict:
         f = {"name": r.name()}
     elif opcode in ("CREATE_VERSION", "SEAL_VERSION", "SET_CURRENT", "DROP_VERSION"):
         f = {"table": r.name(), "version": r.u32("version")}
+        if r.pos < len(r.buf):
+            f["creator"] = r.u64("creator")
     elif opcode == "SET_SPEC":
         f = {"spec_hex": r.bytes32("spec").hex()}
     elif opcode == "RAFT":

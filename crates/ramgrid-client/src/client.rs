@@ -266,6 +266,14 @@ pub(crate) enum Handled {
     Ok,
     /// The server failed this request (not the data): try another replica.
     Failed(Error),
+    /// The server is fine but cannot serve `partitions` of the frame yet (REPAIRING: it is still
+    /// copying them in): those go to another replica, the frame's other partitions back to it.
+    Refused {
+        /// The partitions it refused.
+        partitions: Vec<u32>,
+        /// Why, for the call's error if no replica serves them.
+        error: Error,
+    },
 }
 
 pub(crate) fn encode_err(e: ramgrid_proto::native::FrameError) -> Error {
@@ -762,7 +770,14 @@ impl Client {
                 .chain(infos.iter().map(|t| t.current_version.max(t.high_water)))
                 .max();
             let version = max.unwrap_or(0) + 1;
-            let req = Request::CreateVersion(VersionRef { table, version });
+            // The same token on every server: the metadata group tells this call's creation,
+            // proposed by whichever server comes first, from another client's (6.3).
+            let creator = random_token();
+            let req = Request::CreateVersion(VersionRef {
+                table,
+                version,
+                creator,
+            });
             let mut conflict = false;
             let created = self.ask_all(&topo, &req, |s, resp| match resp {
                 Response::Done => Ok(true),
@@ -780,17 +795,13 @@ impl Client {
                 if *made == Some(true) {
                     let _ = self.request(
                         &topo.pools[s],
-                        &Request::DropVersion(VersionRef { table, version }),
+                        &Request::DropVersion(VersionRef::new(table, version)),
                         |_| Ok(()),
                     );
                 }
             }
             // Two clients racing for the same number back off by different random amounts.
-            use std::hash::{BuildHasher, Hasher};
-            let jitter = std::collections::hash_map::RandomState::new()
-                .build_hasher()
-                .finish()
-                % 16;
+            let jitter = random_token() % 16;
             std::thread::sleep(Duration::from_millis(1 + jitter));
         }
         Err(Error::Server {
@@ -806,7 +817,7 @@ impl Client {
     pub fn seal_version(&self, table: &str, version: u32) -> Result<()> {
         let _call = self.call();
         let topo = self.topology();
-        let req = Request::SealVersion(VersionRef { table, version });
+        let req = Request::SealVersion(VersionRef::new(table, version));
         self.ask_all(&topo, &req, |s, resp| match resp {
             Response::Done => Ok(()),
             Response::Error(e) if e.status == Status::VersionSealed => Ok(()),
@@ -847,7 +858,7 @@ impl Client {
                 Some(_) => {}
             }
         }
-        let req = Request::SetCurrent(VersionRef { table, version });
+        let req = Request::SetCurrent(VersionRef::new(table, version));
         self.broadcast(&topo, &req, table, version, |s, resp| match resp {
             Response::Done => Ok(()),
             other => Err(OpError::Fatal(unexpected(&topo.pools[s].addr, &other))),
@@ -858,7 +869,7 @@ impl Client {
     pub fn drop_version(&self, table: &str, version: u32) -> Result<()> {
         let _call = self.call();
         let topo = self.topology();
-        let req = Request::DropVersion(VersionRef { table, version });
+        let req = Request::DropVersion(VersionRef::new(table, version));
         let mut dropped = false;
         self.ask_all(&topo, &req, |s, resp| match resp {
             Response::Done => {
@@ -1068,6 +1079,18 @@ fn aggregate(topo: &Topology, infos: &[TableInfo], unreachable: Vec<String>) -> 
         versions: versions.into_values().collect(),
         unreachable,
     }
+}
+
+/// A random non-zero u64 (std's per-process random hash keys; no RNG dependency).
+fn random_token() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish().max(1)
 }
 
 #[cfg(test)]

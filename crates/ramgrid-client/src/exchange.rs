@@ -263,7 +263,7 @@ impl Client {
                     pool.health.mark_up();
                     self.put_back(pool, conn);
                 }
-                Ok(Handled::Failed(e)) => {
+                Ok(Handled::Failed(e) | Handled::Refused { error: e, .. }) => {
                     // Not pooled unless the reply was read whole (a refusal of the request).
                     let e = self.failed(pool, e);
                     if !e.is_transport() {

@@ -352,7 +352,44 @@ impl Round<'_, '_> {
                 Ok(())
             }
             Handled::Failed(e) => self.fail(f, e),
+            Handled::Refused { partitions, error } => self.refused(f, &partitions, error),
         }
+    }
+
+    /// A server refused some partitions of a flight (REPAIRING): the others go back to it, the
+    /// refused ones to their next replica (the caller never picks this server for them again in
+    /// this call). A refusal that names none of the flight's partitions is a failure.
+    fn refused(
+        &mut self,
+        f: Flight,
+        refused: &[u32],
+        e: Error,
+    ) -> std::result::Result<(), OpError> {
+        if !f.parts.iter().any(|p| refused.contains(p)) {
+            return self.fail(f, e);
+        }
+        for &p in &f.parts {
+            self.covering[p as usize] -= 1;
+        }
+        let pool = &self.topo.pools[f.server];
+        pool.health.mark_up();
+        self.client.put_back(pool, f.conn);
+        self.why.push(e.to_string());
+        let (elsewhere, here): (Vec<u32>, Vec<u32>) = f
+            .parts
+            .iter()
+            .copied()
+            .filter(|&p| !self.done[p as usize])
+            .partition(|p| refused.contains(p));
+        if !here.is_empty() {
+            // Each refusal names at least one of the frame's partitions, so this ends.
+            self.launch(f.server, here, f.backup, false)?;
+        }
+        let orphans: Vec<u32> = elsewhere
+            .into_iter()
+            .filter(|&p| self.covering[p as usize] == 0)
+            .collect();
+        self.back_up(&orphans)
     }
 
     /// A flight failed: send it again once on a fresh connection if the retry rule allows,

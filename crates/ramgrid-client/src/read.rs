@@ -360,15 +360,18 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
         let mut why: Vec<String> = Vec::new();
         let mut lost_table = false;
         let mut assign = vec![usize::MAX; self.map.partitions() as usize];
+        // Per partition: the servers that refused it in this call (still copying it in).
+        let mut repairing: Vec<Vec<usize>> = vec![Vec::new(); self.map.partitions() as usize];
         while !todo.is_empty() {
             for &p in &todo {
                 let reps = self.map.replicas(p);
+                let usable = |s: usize| !failed[s] && !repairing[p as usize].contains(&s);
                 let pick = reps
                     .iter()
                     .find(|&&s| {
-                        !failed[s as usize] && !topo.pools[s as usize].health.avoid_for_reads()
+                        usable(s as usize) && !topo.pools[s as usize].health.avoid_for_reads()
                     })
-                    .or_else(|| reps.iter().find(|&&s| !failed[s as usize]));
+                    .or_else(|| reps.iter().find(|&&s| usable(s as usize)));
                 match pick {
                     Some(&s) => assign[p as usize] = s as usize,
                     None => {
@@ -423,14 +426,22 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
                         }))
                     }
                     Response::Error(e) if e.status == Status::Repairing => {
-                        Ok(Handled::Failed(Error::Server {
-                            server: addr.clone(),
-                            status: "REPAIRING",
-                            message: format!(
-                                "partitions {:?} being repaired {}",
-                                e.partitions, e.message
-                            ),
-                        }))
+                        for &p in &e.partitions {
+                            if let Some(r) = repairing.get_mut(p as usize) {
+                                r.push(s);
+                            }
+                        }
+                        Ok(Handled::Refused {
+                            error: Error::Server {
+                                server: addr.clone(),
+                                status: "REPAIRING",
+                                message: format!(
+                                    "partitions {:?} being repaired {}",
+                                    e.partitions, e.message
+                                ),
+                            },
+                            partitions: e.partitions,
+                        })
                     }
                     Response::Error(e) if e.status == Status::Internal => {
                         Ok(Handled::Failed(Error::Server {

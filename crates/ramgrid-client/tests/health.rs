@@ -67,9 +67,11 @@ fn a_hung_replica_costs_no_call_the_request_timeout() {
         .count();
     let max = *times.last().unwrap();
     let p50 = times[times.len() / 2];
+    // The property, not a speed: no call waited out the 5 s request timeout on the stopped
+    // replica (a loaded machine may make a few calls slow for other reasons).
     assert!(
-        slow <= 1 && max < Duration::from_millis(2500),
-        "{slow} of {} calls took over 1 s (max {max:?}, p50 {p50:?}) while a replica was stopped",
+        max < Duration::from_millis(4500),
+        "a call took {max:?} ({slow} of {} over 1 s, p50 {p50:?}) while a replica was stopped",
         times.len()
     );
     assert!(times.len() >= 50, "only {} calls in 8 s", times.len());

@@ -41,6 +41,11 @@ pub struct TableMeta {
     pub high_water: u32,
     /// The current version; 0 when none is current yet.
     pub current: u32,
+    /// The creator token of the call that raised `high_water` last (0: none given). The same call
+    /// asks every server to create its version, and each proposes the raise: the first commits,
+    /// the others are the same call's and succeed without raising again.
+    #[serde(default)]
+    pub high_water_creator: u64,
 }
 
 /// The replicated cluster metadata.
@@ -131,8 +136,11 @@ pub enum MetaCommand {
         name: String,
         /// The incarnation the proposer means.
         incarnation: u64,
-        /// Above the table's high-water mark.
+        /// Above the table's high-water mark (or equal to it, from the call that raised it).
         version: u32,
+        /// The creating call's token (0: none; such a raise is never a repeat).
+        #[serde(default)]
+        creator: u64,
     },
     /// Make `version` the table's current version.
     SetCurrent {
@@ -349,6 +357,7 @@ impl MetaState {
                         spec: spec.clone(),
                         high_water: 0,
                         current: 0,
+                        high_water_creator: 0,
                     };
                     self.tables.insert(name.clone(), t.clone());
                     Ok(MetaReply::Table(t))
@@ -363,8 +372,12 @@ impl MetaState {
                 name,
                 incarnation,
                 version,
+                creator,
             } => {
                 let t = self.table_mut(name, *incarnation)?;
+                if *creator != 0 && *version == t.high_water && *creator == t.high_water_creator {
+                    return Ok(MetaReply::Table(t.clone())); // The same call, from another server.
+                }
                 if *version <= t.high_water {
                     return Err(MetaRefusal::VersionUsed {
                         name: name.clone(),
@@ -373,6 +386,7 @@ impl MetaState {
                     });
                 }
                 t.high_water = *version;
+                t.high_water_creator = *creator;
                 Ok(MetaReply::Table(t.clone()))
             }
             MetaCommand::SetCurrent {
@@ -705,6 +719,7 @@ mod tests {
             spec: b"s1".to_vec(),
             high_water: 0,
             current: 0,
+            high_water_creator: 0,
         };
         assert_eq!(
             run(&mut st, create(7, b"s1")),
@@ -783,6 +798,7 @@ mod tests {
             name: "t".into(),
             incarnation: inc,
             version: v,
+            creator: 0,
         };
         let current = |inc: u64, v: u32| MetaCommand::SetCurrent {
             name: "t".into(),
@@ -820,7 +836,8 @@ mod tests {
                 MetaCommand::RaiseHighWater {
                     name: "nope".into(),
                     incarnation: 1,
-                    version: 4
+                    version: 4,
+                    creator: 0,
                 }
             ),
             Err(MetaRefusal::NoSuchTable { .. })
@@ -832,7 +849,8 @@ mod tests {
                 incarnation: 1,
                 spec: vec![],
                 high_water: 3,
-                current: 2
+                current: 2,
+                high_water_creator: 0,
             })
         );
         // Setting it again is harmless; 0 and unreleased numbers are refused.
@@ -844,6 +862,40 @@ mod tests {
             Err(MetaRefusal::WrongIncarnation { .. })
         ));
         assert_eq!(st.tables["t"].current, 2);
+    }
+
+    #[test]
+    fn a_raise_repeated_by_its_own_call_succeeds_and_another_calls_is_refused() {
+        let mut st = MetaState::default();
+        run(
+            &mut st,
+            MetaCommand::CreateTable {
+                name: "t".into(),
+                incarnation: 1,
+                spec: vec![],
+            },
+        )
+        .unwrap();
+        let raise = |v: u32, creator: u64| MetaCommand::RaiseHighWater {
+            name: "t".into(),
+            incarnation: 1,
+            version: v,
+            creator,
+        };
+        run(&mut st, raise(1, 0xA)).unwrap();
+        // The same call, proposed again by the next server it asked: no change, no refusal.
+        assert!(run(&mut st, raise(1, 0xA)).is_ok());
+        assert_eq!(st.tables["t"].high_water, 1);
+        // Another call that chose the same number loses everywhere.
+        assert!(matches!(
+            run(&mut st, raise(1, 0xB)),
+            Err(MetaRefusal::VersionUsed { .. })
+        ));
+        // No token is never a repeat.
+        assert!(run(&mut st, raise(1, 0)).is_err());
+        // Once a later number is raised, the first call's repeat is refused (it is stale).
+        run(&mut st, raise(2, 0xB)).unwrap();
+        assert!(run(&mut st, raise(1, 0xA)).is_err());
     }
 
     #[test]

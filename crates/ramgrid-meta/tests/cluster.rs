@@ -106,6 +106,7 @@ fn raise(name: &str, incarnation: u64, version: u32) -> MetaCommand {
         name: name.into(),
         incarnation,
         version,
+        creator: 0,
     }
 }
 

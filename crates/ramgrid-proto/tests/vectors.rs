@@ -240,6 +240,7 @@ fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
             let vr = || VersionRef {
                 table: s(&f["table"]),
                 version: u32_(&f["version"]),
+                creator: f.get("creator").map(u).unwrap_or(0),
             };
             let req = match op {
                 Opcode::Hello => Request::Hello(Hello {
@@ -384,7 +385,10 @@ fn request_json(req: &Request<'_>) -> Value {
             "groups": groups,
         })
     };
-    let vr = |v: &VersionRef<'_>| json!({"table": v.table, "version": v.version});
+    let vr = |v: &VersionRef<'_>| match v.creator {
+        0 => json!({"table": v.table, "version": v.version}),
+        c => json!({"table": v.table, "version": v.version, "creator": c}),
+    };
     match req {
         Request::Hello(h) => json!({
             "protocol_version": h.protocol_version, "token_hex": hex(h.token), "client_name": h.client_name,

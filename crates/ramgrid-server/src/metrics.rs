@@ -612,6 +612,12 @@ pub fn render(shared: &Shared, native: &NativeState) -> String {
         rows.push((format!("table=\"{}\"", label(&t.spec.name)), s));
     }
     write_counters(&mut out, "ramgrid_table", &rows);
+    // The control plane (docs/ARCHITECTURE.md, "Control plane").
+    if let Some(meta) = native.meta.get() {
+        for (name, kind, help, v) in meta.figures() {
+            out.metric(name, kind, help, v);
+        }
+    }
     out.0
 }
 

@@ -68,7 +68,7 @@ pub struct NativeState {
 
 impl NativeState {
     /// Rewrite a table's catalog in the data directory, if there is one and the table is durable.
-    fn sync_catalog(&self, name: &str) -> Result<(), ErrorReply> {
+    pub(crate) fn sync_catalog(&self, name: &str) -> Result<(), ErrorReply> {
         match &self.persist {
             Some(p) => p.sync_table(&self.tables, name).map_err(disk_refusal),
             None => Ok(()),

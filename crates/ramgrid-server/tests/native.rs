@@ -326,10 +326,7 @@ fn sealed_versions_refuse_writes_and_switch_atomically() {
     assert_eq!(c.hello(b""), Status::Ok);
     assert_eq!(create_f64(&mut c, "t", 4), Status::Ok);
     assert_eq!(put_f64(&mut c, "t", 0, 0, 4, &["a"], &[1.0]), vec![0]);
-    let v = |version| VersionRef {
-        table: "t",
-        version,
-    };
+    let v = |version| VersionRef::new("t", version);
     assert_eq!(c.call(Request::SealVersion(v(1))), Status::Ok);
     let mut out = Vec::new();
     let mut w = PutWriter::begin(&mut out, 8, "t", 1, 0, ValueType::F64).unwrap();
@@ -437,10 +434,7 @@ fn a_seal_is_durable_before_it_is_acknowledged() {
         table_dir.join("catalog").is_file(),
         "create writes the catalog"
     );
-    let v = |version| VersionRef {
-        table: "d",
-        version,
-    };
+    let v = |version| VersionRef::new("d", version);
     assert_eq!(c.call(Request::CreateVersion(v(2))), Status::Ok);
     assert_eq!(
         put_f64(&mut c, "d", 2, 0, 4, &["a", "b"], &[1.5, 2.5]),
@@ -512,10 +506,7 @@ fn log_tables_replay_open_versions_and_refuse_damage() {
     let table_dir = dir.join("tables/w-0000000000000010");
     let v1_log = table_dir.join("v1.log");
     assert!(v1_log.is_file(), "the open head has a log from the start");
-    let v = |version| VersionRef {
-        table: "w",
-        version,
-    };
+    let v = |version| VersionRef::new("w", version);
     assert_eq!(
         put_f64(&mut c, "w", 1, 0, 4, &["a", "b", "c"], &[1.0, 2.0, 3.0]),
         vec![0, 0, 0]

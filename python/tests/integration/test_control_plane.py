@@ -17,6 +17,7 @@ import pytest
 import ramgrid
 from _jobs import Jobs, check_all, load, value_of
 from ramgrid.exceptions import TableExists
+from ramgrid.grid import _put
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -223,3 +224,105 @@ def test_voters_removed_one_after_another_by_moves_keep_the_group_alive() -> Non
         load(t2, 1_000)
         check_all(g.spec, "voters", base)
         check_all(g.spec, "after", np.arange(1_000, dtype=np.int64))
+
+
+def _native_call(addr: str, opcode: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """One native request to one server (past HELLO; local grids have no token); its reply's fields."""
+    import socket
+
+    from ramgrid import _wire
+
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=15) as s:
+        replies = []
+        s.sendall(_wire.encode_message("HELLO", 1, {"protocol_version": 1, "token_hex": "", "client_name": "t"}))
+        s.sendall(_wire.encode_message(opcode, 2, fields))
+        buf = b""
+        while len(replies) < 2:
+            chunk = s.recv(65536)
+            assert chunk, "server closed the connection"
+            buf += chunk
+            while True:
+                try:
+                    used = _wire.parse_frame(buf, 1 << 24)[4]
+                except _wire.WireError as e:
+                    if e.code != "incomplete":
+                        raise
+                    break
+                replies.append(_wire.decode_message(buf[:used])[3])
+                buf = buf[used:]
+        return replies[1]
+
+
+def _currents(g: Any, name: str) -> list[int]:
+    """The current version of `name` on each server, asked of each alone."""
+    return [int(_native_call(a, "DESCRIBE_TABLE", {"name": name})["table"]["current_version"]) for a in g.addresses]
+
+
+def test_a_switch_sent_to_one_server_is_installed_on_every_server() -> None:
+    """The current version is the group's: SET_CURRENT sent to a single server (as a client that died after its
+    first request would leave it) is committed and installed by every server, in commit order."""
+    with _grid() as g:
+        t = g.create_table("sw", partitions=8, replication=2, value_type="i64")
+        base = load(t, 2_000)
+        before = _currents(g, "sw")
+        assert len(set(before)) == 1 and before[0] > 0, before
+        c = g._client()
+        v2 = int(c.create_version("sw"))
+        c.seal_version("sw", v2)  # empty: a switch to it is plain to see
+        reply = _native_call(g.addresses[2], "SET_CURRENT", {"table": "sw", "version": v2})
+        assert reply["status"] == "OK", reply
+        _wait("every server switched", lambda: _currents(g, "sw") == [v2] * 3, timeout=10)
+        # Then another, through another server: the last committed switch wins everywhere.
+        v3 = int(c.create_version("sw"))
+        _put(c, "sw", base, value_of(base), v3)
+        c.seal_version("sw", v3)
+        assert _native_call(g.addresses[0], "SET_CURRENT", {"table": "sw", "version": v3})["status"] == "OK"
+        _wait("every server switched again", lambda: _currents(g, "sw") == [v3] * 3, timeout=10)
+        check_all(g.spec, "sw", base)
+        # A version that is not sealed everywhere is refused, and nothing switches.
+        v4 = int(c.create_version("sw"))
+        assert (
+            _native_call(g.addresses[1], "SET_CURRENT", {"table": "sw", "version": v4})["status"]
+            == "VERSION_NOT_SEALED"
+        )
+        assert _currents(g, "sw") == [v3] * 3
+
+
+def _new_versions(spec: str, name: str, keys: Any, rounds: int, start: Any, got: list[int], errors: list[str]) -> None:
+    t = ramgrid.connect(spec).table(name)
+    start.wait()
+    for _ in range(rounds):
+        try:
+            with t.new_version() as v:
+                v.put_many(keys, value_of(keys) + v.version)
+            got.append(v.version)
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            errors.append(repr(e))
+
+
+def test_two_clients_creating_versions_at_once_never_share_a_number() -> None:
+    """Each version number names one content: of two clients that choose the same number, the group gives it to
+    the first committed and the other takes the next, on every server."""
+    import threading
+
+    with _grid() as g:
+        g.create_table("vr", partitions=8, replication=2, value_type="i64")
+        keys = np.arange(500, dtype=np.int64)
+        got: list[int] = []
+        errors: list[str] = []
+        start = threading.Barrier(2)
+        threads = [
+            threading.Thread(target=_new_versions, args=(g.spec, "vr", keys, 4, start, got, errors)) for _ in range(2)
+        ]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=60)
+        assert not errors, errors
+        assert len(got) == 8 and len(set(got)) == 8, got
+        # Every server agrees on the current version, and it holds that version's own values.
+        currents = _currents(g, "vr")
+        assert len(set(currents)) == 1, currents
+        cur = currents[0]
+        assert ramgrid.connect(g.spec).table("vr").get_many(keys).tolist() == (value_of(keys) + cur).tolist()

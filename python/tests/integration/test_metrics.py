@@ -19,6 +19,7 @@ pytest.importorskip(
 import ramgrid
 from prometheus_client.parser import text_string_to_metric_families
 from pymemcache.client.base import Client as McClient
+from ramgrid.exceptions import TableExists
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -173,3 +174,28 @@ def test_a_scrape_during_a_load_loop_does_not_stop_it(metered: tuple[Any, str]) 
     assert table_value(m, "ramgrid_table_puts_total", "busy") == 50 * rounds[0]
     assert table_value(m, "ramgrid_table_hits_total", "busy") == 50 * rounds[0]
     grid.close()
+
+
+def test_metrics_show_the_control_plane() -> None:
+    """The metadata group's figures: membership, leadership, quorum, and each proposal counted."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    with ramgrid.local(servers=1, memory="64MiB", extra_args=["--metrics", f"127.0.0.1:{port}"]) as grid:
+        m = scrape(url)
+        assert m[("ramgrid_meta_member", ())] == 1 and m[("ramgrid_meta_leader", ())] == 1
+        assert m[("ramgrid_meta_quorum", ())] == 1 and m[("ramgrid_meta_voters", ())] == 1
+        assert m[("ramgrid_cluster_servers", ())] == 1
+        before = m[("ramgrid_meta_proposals_committed_total", ())]
+        t = grid.create_table("planned", partitions=2, value_type="i64")
+        with t.new_version() as v:
+            v.put_many([1], [1])
+        with pytest.raises(TableExists):
+            grid.create_table("planned", partitions=2, value_type="i64")
+        m = scrape(url)
+        assert m[("ramgrid_cluster_tables", ())] == 1
+        # the table, the version's number, its switch; the second create is refused by the group
+        assert m[("ramgrid_meta_proposals_committed_total", ())] >= before + 3
+        assert m[("ramgrid_meta_proposals_refused_total", ())] >= 1
+        assert m[("ramgrid_failovers_total", ())] == 0

@@ -111,19 +111,45 @@ pub struct VersionRef<'a> {
     pub table: &'a str,
     /// Version number (>= 1; a server refuses 0 with BAD_REQUEST).
     pub version: u32,
+    /// CREATE_VERSION only: a number the creating call chose at random, the same on every
+    /// server it asks, so that the metadata group can tell that call's own creation, committed
+    /// by whichever server proposed it first, from another client's (protocol-native 6.3).
+    /// 0: none (the field is then not on the wire).
+    pub creator: u64,
 }
 
 impl<'a> VersionRef<'a> {
+    /// A reference to `version` of `table`, with no creator.
+    pub fn new(table: &'a str, version: u32) -> VersionRef<'a> {
+        VersionRef {
+            table,
+            version,
+            creator: 0,
+        }
+    }
+
     pub(crate) fn read(r: &mut Reader<'a>) -> Result<VersionRef<'a>, FrameError> {
+        let table = r.name("table name")?;
+        let version = r.u32("version")?;
+        // Optional trailing creator (clients before it send none).
+        let creator = if r.remaining() > 0 {
+            r.u64("creator")?
+        } else {
+            0
+        };
         Ok(VersionRef {
-            table: r.name("table name")?,
-            version: r.u32("version")?,
+            table,
+            version,
+            creator,
         })
     }
 
     pub(crate) fn write(&self, out: &mut Vec<u8>) -> Result<(), FrameError> {
         wire::put_name(out, self.table, "table name")?;
         put_u32(out, self.version);
+        if self.creator != 0 {
+            put_u64(out, self.creator);
+        }
         Ok(())
     }
 }

@@ -285,9 +285,9 @@ proptest! {
     #[test]
     fn admin_requests_round_trip(
         n in name(), token in vec(any::<u8>(), 0..40), client in ".{0,20}", parts: u32, repl: u32,
-        vt in value_type(), version: u32, spec in vec(any::<u8>(), 0..60), id: u64, pv: u8,
+        vt in value_type(), version: u32, spec in vec(any::<u8>(), 0..60), id: u64, pv: u8, creator: u64,
     ) {
-        let vr = VersionRef { table: &n, version };
+        let vr = VersionRef { table: &n, version, creator };
         for req in [
             Request::Hello(Hello { protocol_version: pv, token: &token, client_name: &client }),
             Request::Ping,

@@ -63,6 +63,12 @@ impl Events {
         e.last = what;
     }
 
+    /// (fail-overs, rejoins, membership changes) this node proposed as leader.
+    pub(super) fn counts(&self) -> (u64, u64, u64) {
+        let e = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        (e.failovers, e.rejoins, e.membership_changes)
+    }
+
     pub(super) fn status_lines(&self, out: &mut String) {
         use std::fmt::Write;
         let e = self.inner.lock().unwrap_or_else(|p| p.into_inner());

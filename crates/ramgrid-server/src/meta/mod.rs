@@ -21,10 +21,12 @@
 //!    `failure_timeout` without an answer, so a cut-off server has stopped serving before its
 //!    partitions are given to others: nothing is acknowledged under an assignment the majority
 //!    has replaced.
-//! 4. **Tables.** CREATE_TABLE and DROP_TABLE on a member are proposed first: of two clients
-//!    creating one name, the first committed wins on every server and the other gets
-//!    TABLE_EXISTS from every server. Versions are not in the group yet.
+//! 4. **Tables and versions** (`catalog.rs`). CREATE_TABLE, DROP_TABLE, CREATE_VERSION (its
+//!    number) and SET_CURRENT on a member are proposed first: of two clients creating one name
+//!    or one version number, the first committed wins on every server and the other is refused
+//!    by every server; a switch is installed on every server in commit order.
 
+mod catalog;
 mod leader;
 pub mod transport;
 
@@ -33,7 +35,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use ramgrid_meta::{MetaCommand, MetaConfig, MetaError, MetaNode, MetaRefusal, MetaState, NodeId};
+use ramgrid_meta::{MetaCommand, MetaConfig, MetaError, MetaNode, MetaState, NodeId};
 use ramgrid_proto::cluster::ClusterSpec;
 use ramgrid_proto::native::{self as wire, ErrorReply, Opcode, Request, Response, Status};
 use tokio::time::Instant;
@@ -64,6 +66,10 @@ pub struct Meta {
     stale: AtomicBool,
     /// This server's failure count as last seen in the state (None before the first).
     seen_failures: Mutex<Option<u64>>,
+    /// Installs the current versions the group committed (`catalog.rs`).
+    installer: Mutex<catalog::Installer>,
+    /// Proposals made here: committed, refused by the state machine, failed (no quorum, other).
+    proposals: [AtomicU64; 3],
     /// Fail-overs and rejoins this node proposed as leader, and their last outcome.
     pub(crate) events: leader::Events,
     stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
@@ -126,6 +132,8 @@ pub fn start(
         member: AtomicBool::new(false),
         stale: AtomicBool::new(false),
         seen_failures: Mutex::new(None),
+        installer: Mutex::default(),
+        proposals: Default::default(),
         events: Default::default(),
         stop: Mutex::new(Some(stop_tx)),
         thread: Mutex::new(Some(thread)),
@@ -226,7 +234,7 @@ impl Meta {
     }
 
     /// Answers what the group decides: RAFT messages, SET_SPEC, and the group's half of
-    /// CREATE_TABLE and DROP_TABLE. `None`: not answered here, the connection handles the request
+    /// CREATE_TABLE, DROP_TABLE, CREATE_VERSION and SET_CURRENT. `None`: not answered here, the connection handles the request
     /// (a table change the group accepted is then applied locally). `Some(refused)`: answered in
     /// `out`, with the refusal's status if it was one.
     pub async fn answer(
@@ -260,12 +268,17 @@ impl Meta {
                     Err(e) => refuse(out, e),
                 }
             }
-            Request::CreateTable(_) | Request::DropTable { .. } => {
-                match self.catalog(state, req).await {
-                    Ok(()) => None,
-                    Err(e) => refuse(out, e),
+            Request::CreateTable(_)
+            | Request::DropTable { .. }
+            | Request::CreateVersion(_)
+            | Request::SetCurrent(_) => match self.catalog(state, req).await {
+                Ok(false) => None,
+                Ok(true) => {
+                    let _ = Response::Done.encode(out, op, id);
+                    Some(None)
                 }
-            }
+                Err(e) => refuse(out, e),
+            },
             _ => None,
         }
     }
@@ -314,72 +327,51 @@ impl Meta {
         Ok(epoch)
     }
 
-    /// CREATE_TABLE and DROP_TABLE on a member: the group decides first (module docs, 4), then
-    /// the server applies the request locally as before.
-    async fn catalog(
-        self: &Arc<Self>,
-        state: &NativeState,
-        req: &Request<'_>,
-    ) -> Result<(), ErrorReply> {
-        // Asked of the node, not the keeper's flag, which may lag a just-added member by a tick.
-        if !self.is_member() {
-            return Ok(());
-        }
-        self.check_quorum()?;
-        let cmd = match req {
-            Request::CreateTable(c) => {
-                let mut spec = Vec::new();
-                Request::CreateTable(*c)
-                    .encode(&mut spec, 0)
-                    .map_err(|e| ErrorReply::new(Status::BadRequest, e.to_string()))?;
-                MetaCommand::CreateTable {
-                    name: c.name.to_owned(),
-                    incarnation: c.incarnation,
-                    spec,
-                }
-            }
-            Request::DropTable { name } => {
-                let incarnation = match state.tables.describe(name) {
-                    Ok(info) => Some(info.spec.incarnation),
-                    Err(_) => self.node.state().tables.get(*name).map(|t| t.incarnation),
-                };
-                match incarnation {
-                    Some(incarnation) => MetaCommand::DropTable {
-                        name: (*name).to_owned(),
-                        incarnation,
-                    },
-                    None => return Ok(()),
-                }
-            }
-            _ => return Ok(()),
-        };
-        match self.propose(cmd).await? {
-            Ok(_) => Ok(()),
-            Err(MetaError::Refused(r @ MetaRefusal::TableExists { .. })) => Err(ErrorReply::new(
-                Status::TableExists,
-                format!("{r} (another client created it first)"),
-            )),
-            // Dropped already, or the group knows it under another incarnation: the local drop
-            // still removes what this server holds under the name.
-            Err(MetaError::Refused(
-                MetaRefusal::NoSuchTable { .. } | MetaRefusal::WrongIncarnation { .. },
-            )) => Ok(()),
-            Err(MetaError::Refused(r)) => Err(ErrorReply::new(Status::BadRequest, r.to_string())),
-            Err(e @ MetaError::NoQuorum { .. }) => Err(no_quorum(&e.to_string())),
-            Err(e) => Err(ErrorReply::new(Status::Internal, e.to_string())),
-        }
-    }
-
     /// Proposes `cmd` on the metadata runtime (the caller's may be a worker's single thread).
     async fn propose(
         &self,
         cmd: MetaCommand,
     ) -> Result<Result<ramgrid_meta::MetaReply, MetaError>, ErrorReply> {
         let node = self.node.clone();
-        self.rt
+        let r = self
+            .rt
             .spawn(async move { node.propose(cmd).await })
             .await
-            .map_err(|e| ErrorReply::new(Status::Internal, e.to_string()))
+            .map_err(|e| ErrorReply::new(Status::Internal, e.to_string()));
+        let outcome = match &r {
+            Ok(Ok(_)) => 0,
+            Ok(Err(MetaError::Refused(_))) => 1,
+            _ => 2,
+        };
+        self.proposals[outcome].fetch_add(1, Ordering::Relaxed);
+        r
+    }
+
+    /// The group's figures for the metrics endpoint (docs/metrics.md): (name, kind, help, value).
+    pub fn figures(&self) -> Vec<(&'static str, &'static str, &'static str, u64)> {
+        let s = self.node.status();
+        let ms = self.node.state();
+        let (failovers, rejoins, changes) = self.events.counts();
+        let member = s.members.contains_key(&s.id);
+        let p = |i: usize| self.proposals[i].load(Ordering::Relaxed);
+        vec![
+            ("ramgrid_meta_member", "gauge", "1 while this server is in the metadata group", member as u64),
+            ("ramgrid_meta_leader", "gauge", "1 while this server leads the metadata group", self.node.is_leader() as u64),
+            ("ramgrid_meta_quorum", "gauge", "1 while this server is in reach of a leader with a majority (its lease holds)", (member && self.check_quorum().is_ok()) as u64),
+            ("ramgrid_meta_term", "gauge", "the Raft term this server knows", s.term),
+            ("ramgrid_meta_applied_index", "gauge", "the last Raft log index applied here", s.last_applied),
+            ("ramgrid_meta_members", "gauge", "members of the metadata group (voters and learners)", s.members.len() as u64),
+            ("ramgrid_meta_voters", "gauge", "voters of the metadata group", s.voters.len() as u64),
+            ("ramgrid_cluster_servers", "gauge", "servers in the agreed spec", ms.servers.len() as u64),
+            ("ramgrid_cluster_servers_failed", "gauge", "servers failed over and not back yet", ms.failed.len() as u64),
+            ("ramgrid_cluster_tables", "gauge", "tables in the agreed catalog", ms.tables.len() as u64),
+            ("ramgrid_meta_proposals_committed_total", "counter", "proposals made by this server that committed", p(0)),
+            ("ramgrid_meta_proposals_refused_total", "counter", "proposals made by this server that the state refused (a lost race, a stale request)", p(1)),
+            ("ramgrid_meta_proposals_failed_total", "counter", "proposals made by this server that could not commit (no quorum, timeout)", p(2)),
+            ("ramgrid_failovers_total", "counter", "servers this server failed over while leading", failovers),
+            ("ramgrid_rejoins_total", "counter", "rejoin moves this server began while leading", rejoins),
+            ("ramgrid_meta_membership_changes_total", "counter", "Raft membership changes this server made while leading", changes),
+        ]
     }
 
     /// The group's state with every committed command applied (through the leader).
@@ -395,6 +387,13 @@ impl Meta {
             Ok(Err(e)) => Err(ErrorReply::new(Status::Internal, e.to_string())),
             Err(e) => Err(ErrorReply::new(Status::Internal, e.to_string())),
         }
+    }
+
+    fn installer_synced(&self) -> bool {
+        self.installer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .synced()
     }
 
     fn is_member(&self) -> bool {
@@ -510,6 +509,7 @@ async fn watch_task(state: Weak<NativeState>, meta: Arc<Meta>) {
 /// Installs `ms`'s spec; if this server was failed over since it last looked, it first forgets
 /// everything it holds (it may have missed writes) and copies it in again.
 fn apply(state: &NativeState, meta: &Meta, ms: &MetaState) {
+    meta.observe_catalog(state, false);
     let Some(spec) = spec_of(ms) else { return };
     let count = ms.failures.get(&meta.server_id).copied().unwrap_or(0);
     let rejoined = {
@@ -569,6 +569,10 @@ async fn keeper_task(state: Weak<NativeState>, meta: Arc<Meta>) {
         }
         if meta.stale.load(Ordering::Acquire) && meta.contact_age() <= meta.lease {
             catch_up(&state, &meta).await;
+        } else if !meta.installer_synced() {
+            sync_installer(&state, &meta).await;
+        } else {
+            meta.observe_catalog(&state, false); // Versions still being copied in, say.
         }
         if meta.node.is_leader() && !meta.stale.load(Ordering::Acquire) {
             let l = leading.get_or_insert_with(leader::Leader::new);
@@ -583,12 +587,24 @@ async fn keeper_task(state: Weak<NativeState>, meta: Arc<Meta>) {
 async fn catch_up(state: &NativeState, meta: &Meta) {
     let read = tokio::time::timeout(Duration::from_secs(2), meta.node.linearizable_state()).await;
     if let Ok(Ok(ms)) = read {
-        tokio::task::block_in_place(|| apply(state, meta, &ms));
+        tokio::task::block_in_place(|| {
+            meta.observe_catalog(state, true);
+            apply(state, meta, &ms)
+        });
         meta.stale.store(false, Ordering::Release);
         eprintln!(
             "ramgrid-server: {} caught up with the cluster",
             meta.server_id
         );
+    }
+}
+
+/// The first read of the group's state through the leader since this server started: from it
+/// on, the installer installs committed switches (`catalog::Installer`).
+async fn sync_installer(state: &NativeState, meta: &Meta) {
+    let read = tokio::time::timeout(Duration::from_secs(2), meta.node.linearizable_state()).await;
+    if let Ok(Ok(_)) = read {
+        tokio::task::block_in_place(|| meta.observe_catalog(state, true));
     }
 }
 
