@@ -540,7 +540,7 @@ impl Client {
     // ------------------------------------------------------------------------------------------
     // Frame budget
 
-    fn max_body(&self) -> usize {
+    pub(crate) fn max_body(&self) -> usize {
         match self.inner.max_body.load(Ordering::Relaxed) {
             0 => DEFAULT_MAX_BODY,
             n => (n as usize).min(CHUNK_BODY),

@@ -39,6 +39,7 @@ pub(crate) fn idempotent(op: Opcode) -> bool {
         | Opcode::ClusterStatus
         | Opcode::Metrics
         | Opcode::Get
+        | Opcode::Operator
         // The same spec again gives the same epoch; sealing a sealed version is answered
         // VERSION_SEALED, which the client takes as done; the same version made current again.
         | Opcode::SetSpec

@@ -44,6 +44,11 @@ pub(crate) type Take<'a> =
 
 /// How a round builds its frames and takes its replies (the caller's side).
 pub(crate) struct ReadIo<'a, 'f> {
+    /// The request's opcode (its replies decode as this opcode's).
+    pub(crate) opcode: Opcode,
+    /// Whether a late server's partitions get a backup on another replica. Reads hedge; requests
+    /// whose work grows with the partition (operators) do not, so a slow pass is not run twice.
+    pub(crate) hedge: bool,
     /// Keys of a partition in this read.
     pub(crate) keys_in: &'a dyn Fn(u32) -> usize,
     pub(crate) encode: &'a mut Encode<'f>,
@@ -159,12 +164,12 @@ impl Round<'_, '_> {
         let mut frame = |s: usize, buf: &mut Vec<u8>, id: u64| encode(s, &parts, buf, id);
         match self
             .client
-            .send_frame(self.topo, s, Opcode::Get, fresh, &mut frame)?
+            .send_frame(self.topo, s, self.io.opcode, fresh, &mut frame)?
         {
             Ok((conn, deadline)) => {
                 let keys = parts.iter().map(|&p| (self.io.keys_in)(p)).sum();
                 let sent = Instant::now();
-                let hedge_at = (!backup).then(|| {
+                let hedge_at = (!backup && self.io.hedge).then(|| {
                     let delay = self.topo.pools[s].health.hedge_delay(keys);
                     sent + delay
                 });
@@ -327,7 +332,7 @@ impl Round<'_, '_> {
         let topo = self.topo;
         let pool = &topo.pools[f.server];
         let handled = match f.conn.recv(&pool.addr, f.deadline) {
-            Ok(reply) => match Response::decode_body(Opcode::Get, reply.body) {
+            Ok(reply) => match Response::decode_body(self.io.opcode, reply.body) {
                 Ok(resp) => (self.io.take)(f.server, &f.parts, &self.done, resp)?,
                 Err(e) => Handled::Failed(Error::Protocol {
                     server: pool.addr.clone(),
@@ -400,7 +405,7 @@ impl Round<'_, '_> {
         }
         let topo = self.topo;
         let pool = &topo.pools[f.server];
-        if !f.resent && may_resend(&e, &f.conn, Opcode::Get, true) {
+        if !f.resent && may_resend(&e, &f.conn, self.io.opcode, true) {
             let parts: Vec<u32> = f
                 .parts
                 .into_iter()

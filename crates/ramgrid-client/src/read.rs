@@ -4,16 +4,16 @@
 
 use ramgrid_proto::cluster::PartitionMap;
 use ramgrid_proto::native::{
-    GetReply, KeyBatchWriter, KeyStatus, Opcode, Response, Status, ValueType, MAX_KEY_LEN,
+    GetReply, KeyBatchWriter, KeyStatus, Opcode, Response, ValueType, MAX_KEY_LEN,
 };
 
 use crate::client::{
-    encode_err, refusal, unexpected, Client, GetResult, Handled, OpError, TableMeta, Topology,
+    encode_err, unexpected, Client, GetResult, Handled, OpError, TableMeta, Topology,
 };
 use crate::error::{Error, Result};
-use crate::hedge::ReadIo;
 use crate::keys::Keys;
 use crate::plan::Groups;
+use crate::round::{Pick, RoundIo};
 use crate::values::{Values, ValuesMut};
 
 impl Client {
@@ -343,151 +343,59 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
         Ok(newest)
     }
 
-    /// Reads partitions `todo` at `version`: hedged rounds (`hedge.rs`), each partition first to its
-    /// first replica that is up; partitions that no server of a round answered go to the replicas
-    /// left, down ones last.
+    /// Reads partitions `todo` at `version` in one partition round (`round.rs`): each partition
+    /// first to its first replica that is up; partitions that no server answered go to the
+    /// replicas left, down ones last.
     fn read(
         &mut self,
         version: u32,
-        mut todo: Vec<u32>,
+        todo: Vec<u32>,
         out: &mut ValuesMut<'_>,
         found: &mut [bool],
     ) -> std::result::Result<(), OpError> {
         let (client, topo, table, vt) = (self.client, self.topo, self.table, self.vt);
-        let servers = topo.pools.len();
-        let mut failed = vec![false; servers];
-        let mut unavailable: Vec<u32> = Vec::new();
-        let mut why: Vec<String> = Vec::new();
-        let mut lost_table = false;
-        let mut assign = vec![usize::MAX; self.map.partitions() as usize];
-        // Per partition: the servers that refused it in this call (still copying it in).
-        let mut repairing: Vec<Vec<usize>> = vec![Vec::new(); self.map.partitions() as usize];
-        while !todo.is_empty() {
-            for &p in &todo {
-                let reps = self.map.replicas(p);
-                let usable = |s: usize| !failed[s] && !repairing[p as usize].contains(&s);
-                let pick = reps
+        let (by_part, idx, keys, map) = (&self.by_part, self.idx, self.keys, self.map);
+        let incarnation = self.incarnation;
+        let resolved = &mut self.resolved;
+        let mut encode = |_s: usize, parts: &[u32], buf: &mut Vec<u8>, id: u64| {
+            let mut w = KeyBatchWriter::begin(buf, Opcode::Get, id, table, version, map.epoch())
+                .map_err(encode_err)?;
+            w.set_incarnation(incarnation);
+            for &p in parts {
+                let ks = by_part
+                    .row(p as usize)
                     .iter()
-                    .find(|&&s| {
-                        usable(s as usize) && !topo.pools[s as usize].health.avoid_for_reads()
-                    })
-                    .or_else(|| reps.iter().find(|&&s| usable(s as usize)));
-                match pick {
-                    Some(&s) => assign[p as usize] = s as usize,
-                    None => {
-                        assign[p as usize] = usize::MAX;
-                        unavailable.push(p);
-                    }
-                }
+                    .map(|&j| keys.key(idx[j as usize] as usize));
+                w.group(p, ks).map_err(encode_err)?;
             }
-            let per_server = Groups::by_target(servers, todo.iter().copied(), |p| {
-                Some(assign[p as usize]).filter(|&s| s != usize::MAX)
-            });
-            let (by_part, idx, keys, map) = (&self.by_part, self.idx, self.keys, self.map);
-            let incarnation = self.incarnation;
-            let resolved = &mut self.resolved;
-            let mut encode = |_s: usize, parts: &[u32], buf: &mut Vec<u8>, id: u64| {
-                let mut w =
-                    KeyBatchWriter::begin(buf, Opcode::Get, id, table, version, map.epoch())
-                        .map_err(encode_err)?;
-                w.set_incarnation(incarnation);
-                for &p in parts {
-                    let ks = by_part
-                        .row(p as usize)
-                        .iter()
-                        .map(|&j| keys.key(idx[j as usize] as usize));
-                    w.group(p, ks).map_err(encode_err)?;
-                }
-                w.finish().map_err(encode_err)
-            };
-            let mut take = |s: usize, parts: &[u32], done: &[bool], resp: Response<'_>| {
-                let addr = &topo.pools[s].addr;
-                match resp {
-                    Response::Get(g) => {
-                        let h = scatter_reply(&g, vt, addr, parts, done, by_part, idx, out, found)?;
-                        if matches!(h, Handled::Ok) {
-                            for &p in parts {
-                                if !done[p as usize] {
-                                    resolved[p as usize] = g.version;
-                                }
+            w.finish().map_err(encode_err)
+        };
+        let mut take = |s: usize, parts: &[u32], done: &[bool], resp: Response<'_>| {
+            let addr = &topo.pools[s].addr;
+            match resp {
+                Response::Get(g) => {
+                    let h = scatter_reply(&g, vt, addr, parts, done, by_part, idx, out, found)?;
+                    if matches!(h, Handled::Ok) {
+                        for &p in parts {
+                            if !done[p as usize] {
+                                resolved[p as usize] = g.version;
                             }
                         }
-                        Ok(h)
                     }
-                    // Still copying these partitions in (a restart or a move): read them from
-                    // their other replicas. Not a failure of the server, which stays up.
-                    // Cut off from the cluster's metadata group: it serves nothing until a
-                    // leader reaches it again; the other replicas do.
-                    Response::Error(e) if e.status == Status::NoQuorum => {
-                        Ok(Handled::Failed(Error::Server {
-                            server: addr.clone(),
-                            status: "NO_QUORUM",
-                            message: e.message,
-                        }))
-                    }
-                    Response::Error(e) if e.status == Status::Repairing => {
-                        for &p in &e.partitions {
-                            if let Some(r) = repairing.get_mut(p as usize) {
-                                r.push(s);
-                            }
-                        }
-                        Ok(Handled::Refused {
-                            error: Error::Server {
-                                server: addr.clone(),
-                                status: "REPAIRING",
-                                message: format!(
-                                    "partitions {:?} being repaired {}",
-                                    e.partitions, e.message
-                                ),
-                            },
-                            partitions: e.partitions,
-                        })
-                    }
-                    Response::Error(e) if e.status == Status::Internal => {
-                        Ok(Handled::Failed(Error::Server {
-                            server: addr.clone(),
-                            status: "INTERNAL",
-                            message: e.message,
-                        }))
-                    }
-                    // This server lost the table (restarted empty) or holds another incarnation
-                    // of its name: read its partitions from their other replicas. If none has
-                    // them, the call ends as TableNotFound (below), never as misses.
-                    Response::Error(e) if e.status == Status::NoSuchTable => {
-                        lost_table = true;
-                        Ok(Handled::Failed(Error::Server {
-                            server: addr.clone(),
-                            status: "NO_SUCH_TABLE",
-                            message: e.message,
-                        }))
-                    }
-                    Response::Error(e) => Err(refusal(s, addr, table, version, e)),
-                    other => Ok(Handled::Failed(unexpected(addr, &other))),
+                    Ok(h)
                 }
-            };
-            let io = ReadIo {
-                keys_in: &|p| by_part.row(p as usize).len(),
-                encode: &mut encode,
-                take: &mut take,
-            };
-            let end = client.hedged_get(topo, map, &per_server, &mut failed, io)?;
-            why.extend(end.why);
-            todo = end.undone;
-        }
-        if unavailable.is_empty() {
-            return Ok(());
-        }
-        if lost_table && why.iter().all(|w| w.contains("NO_SUCH_TABLE")) {
-            // Dropped (or created again) on the servers that should have held these partitions:
-            // the caller forgets what it knew of the table and, for the current version, asks again.
-            return Err(OpError::Fatal(Error::TableNotFound(table.to_string())));
-        }
-        unavailable.sort_unstable();
-        unavailable.dedup();
-        Err(OpError::Fatal(Error::PartitionsUnavailable {
-            partitions: unavailable,
-            detail: why.join("; "),
-        }))
+                other => Ok(Handled::Failed(unexpected(addr, &other))),
+            }
+        };
+        let io = RoundIo {
+            opcode: Opcode::Get,
+            hedge: true,
+            pick: Pick::Primary,
+            keys_in: &|p| by_part.row(p as usize).len(),
+            encode: &mut encode,
+            take: &mut take,
+        };
+        client.partition_round(topo, map, table, version, todo, io)
     }
 }
 

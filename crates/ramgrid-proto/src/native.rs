@@ -15,6 +15,7 @@ mod data;
 mod error;
 mod frame;
 mod message;
+mod ops;
 mod types;
 mod wire;
 
@@ -33,6 +34,10 @@ pub use frame::{
     MAGIC, PROTOCOL_VERSION,
 };
 pub use message::{encode_error, Request, Response};
+pub use ops::{
+    encode_op, f64_bytes, F64s, OpKind, OpReply, OpRequest, Operator, Outcome, Partial, Predicate,
+    Stats, U32s, MAX_HISTOGRAM_BINS, MAX_OP_PARTITIONS,
+};
 pub use types::{
     Durability, ErrorReply, KeyStatus, Status, TableInfo, ValueType, VersionInfo, MAX_KEY_LEN,
     MAX_NAME_LEN, MAX_VECTOR_DIM,

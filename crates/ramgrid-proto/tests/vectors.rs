@@ -191,6 +191,43 @@ fn keys_of(g: &Value) -> Vec<Vec<u8>> {
 fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
     let mut out = Vec::new();
     match op {
+        Opcode::Operator => {
+            let parts: Vec<u32> = arr(&f["partitions"]).iter().map(u32_).collect();
+            let nums = |k: &str| f64_bytes(&f64s_json(&f[k]));
+            let (edges, weights, centroids) = (nums("edges"), nums("weights"), nums("centroids"));
+            let pred = predicate_from_json(&f["predicate"]);
+            let operator = match OpKind::from_name(s(&f["operator"])).expect("operator name") {
+                OpKind::Count => Operator::Count { predicate: pred },
+                OpKind::Stats => Operator::Stats {
+                    column: u32_(&f["column"]),
+                    predicate: pred,
+                },
+                OpKind::Histogram => Operator::Histogram {
+                    column: u32_(&f["column"]),
+                    predicate: pred,
+                    edges: F64s::new(&edges),
+                },
+                OpKind::LrGradient => Operator::LrGradient {
+                    weights: F64s::new(&weights),
+                },
+                OpKind::KmeansStep => Operator::KmeansStep {
+                    components: u32_(&f["components"]),
+                    centroids: F64s::new(&centroids),
+                },
+            };
+            let (t, v, e) = batch_head(f);
+            encode_op(
+                &mut out,
+                id,
+                t,
+                v,
+                e,
+                u(&f["incarnation"]),
+                &parts,
+                &operator,
+            )
+            .unwrap();
+        }
         Opcode::Get | Opcode::Delete => {
             let (t, v, e) = batch_head(f);
             let mut w = KeyBatchWriter::begin(&mut out, op, id, t, v, e).unwrap();
@@ -281,7 +318,7 @@ fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
                     offset: u(&f["offset"]),
                     max_len: u32_(&f["max_len"]),
                 }),
-                Opcode::Get | Opcode::Put | Opcode::Delete => unreachable!(),
+                Opcode::Get | Opcode::Put | Opcode::Delete | Opcode::Operator => unreachable!(),
             };
             req.encode(&mut out, id).unwrap();
         }
@@ -367,6 +404,7 @@ fn encode_response(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
         Opcode::ClusterStatus => Response::Status(s(&f["text"])),
         Opcode::Raft => Response::Raft(s(&f["message"]).as_bytes()),
         Opcode::Metrics => Response::Metrics(s(&f["text"])),
+        Opcode::Operator => Response::Operator(op_reply_from_json(f)),
         _ => Response::Done,
     };
     resp.encode(&mut out, op, id).unwrap();
@@ -418,6 +456,7 @@ fn request_json(req: &Request<'_>) -> Value {
         | Request::DropVersion(v) => vr(v),
         Request::SetSpec { spec } => json!({"spec_hex": hex(spec)}),
         Request::Get(b) | Request::Delete(b) => batch(b),
+        Request::Operator(o) => op_request_json(o),
         Request::Put(p) => {
             let groups: Vec<Value> = p
                 .groups
@@ -509,8 +548,159 @@ fn response_json(resp: &Response<'_>) -> Value {
         Response::KeyStatuses(ks) => {
             put("statuses", ks.iter().map(|k| json!(k.name())).collect());
         }
+        Response::Operator(r) => {
+            put("version", json!(r.version));
+            put("operator", json!(r.kind.name()));
+            put("results", r.results.iter().map(outcome_json).collect());
+        }
     }
     Value::Object(m)
+}
+
+fn f64s_json(v: &Value) -> Vec<f64> {
+    match v {
+        Value::Null => Vec::new(),
+        v => arr(v).iter().map(|x| x.as_f64().expect("number")).collect(),
+    }
+}
+
+fn predicate_from_json(v: &Value) -> Option<Predicate> {
+    (!v.is_null()).then(|| Predicate {
+        component: u32_(&v["component"]),
+        lo: v["lo"].as_f64().expect("lo"),
+        hi: v["hi"].as_f64().expect("hi"),
+    })
+}
+
+fn op_request_json(o: &OpRequest<'_>) -> Value {
+    let pred = |p: &Option<Predicate>| {
+        p.map_or(
+            Value::Null,
+            |p| json!({"component": p.component, "lo": p.lo, "hi": p.hi}),
+        )
+    };
+    let mut v = json!({
+        "table": o.table, "version": o.version, "epoch": o.epoch, "incarnation": o.incarnation,
+        "partitions": o.partitions.iter().collect::<Vec<_>>(), "operator": o.op.kind().name(),
+    });
+    let m = v.as_object_mut().unwrap();
+    match &o.op {
+        Operator::Count { predicate } => {
+            m.insert("predicate".into(), pred(predicate));
+        }
+        Operator::Stats { column, predicate } => {
+            m.insert("column".into(), json!(column));
+            m.insert("predicate".into(), pred(predicate));
+        }
+        Operator::Histogram {
+            column,
+            predicate,
+            edges,
+        } => {
+            m.insert("column".into(), json!(column));
+            m.insert("predicate".into(), pred(predicate));
+            m.insert("edges".into(), json!(edges.to_vec()));
+        }
+        Operator::LrGradient { weights } => {
+            m.insert("weights".into(), json!(weights.to_vec()));
+        }
+        Operator::KmeansStep {
+            components,
+            centroids,
+        } => {
+            m.insert("components".into(), json!(components));
+            m.insert("centroids".into(), json!(centroids.to_vec()));
+        }
+    }
+    v
+}
+
+fn outcome_json((p, o): &(u32, Outcome)) -> Value {
+    match o {
+        Outcome::Refused { status, message } => {
+            json!({"partition": p, "status": status.name(), "message": message})
+        }
+        Outcome::Done(partial) => {
+            let pj = match partial {
+                Partial::Count { matched, scanned } => {
+                    json!({"matched": matched, "scanned": scanned})
+                }
+                Partial::Stats(st) => json!({
+                    "count": st.count, "sum": st.sum, "min": st.min, "max": st.max,
+                    "mean": st.mean, "m2": st.m2,
+                }),
+                Partial::Histogram(b) => json!({ "bins": b }),
+                Partial::LrGradient {
+                    rows,
+                    loss,
+                    gradient,
+                } => json!({"rows": rows, "loss": loss, "gradient": gradient}),
+                Partial::KmeansStep {
+                    components,
+                    counts,
+                    sums,
+                    inertia,
+                } => json!({
+                    "components": components, "counts": counts, "sums": sums, "inertia": inertia,
+                }),
+            };
+            json!({"partition": p, "status": "OK", "partial": pj})
+        }
+    }
+}
+
+fn op_reply_from_json(f: &Value) -> OpReply {
+    let kind = OpKind::from_name(s(&f["operator"])).expect("operator name");
+    let num = |v: &Value| v.as_f64().expect("number");
+    let results = arr(&f["results"])
+        .iter()
+        .map(|r| {
+            let p = u32_(&r["partition"]);
+            let status = Status::from_name(s(&r["status"])).expect("status");
+            if status != Status::Ok {
+                return (
+                    p,
+                    Outcome::Refused {
+                        status,
+                        message: s(&r["message"]).to_owned(),
+                    },
+                );
+            }
+            let q = &r["partial"];
+            let partial = match kind {
+                OpKind::Count => Partial::Count {
+                    matched: u(&q["matched"]),
+                    scanned: u(&q["scanned"]),
+                },
+                OpKind::Stats => Partial::Stats(Stats {
+                    count: u(&q["count"]),
+                    sum: num(&q["sum"]),
+                    min: num(&q["min"]),
+                    max: num(&q["max"]),
+                    mean: num(&q["mean"]),
+                    m2: num(&q["m2"]),
+                }),
+                OpKind::Histogram => Partial::Histogram(arr(&q["bins"]).iter().map(u).collect()),
+                OpKind::LrGradient => Partial::LrGradient {
+                    rows: u(&q["rows"]),
+                    loss: num(&q["loss"]),
+                    gradient: f64s_json(&q["gradient"]),
+                },
+                OpKind::KmeansStep => Partial::KmeansStep {
+                    components: u32_(&q["components"]),
+                    counts: arr(&q["counts"]).iter().map(u).collect(),
+                    sums: f64s_json(&q["sums"]),
+                    inertia: num(&q["inertia"]),
+                },
+            };
+            (p, Outcome::Done(partial))
+        })
+        .collect();
+    OpReply {
+        version: u32_(&f["version"]),
+        kind,
+        results,
+    }
 }
 
 /// JSON equality where numbers compare by value (a float 3.0 equals an integer 3).
@@ -546,9 +736,10 @@ fn decode_frame_json(bytes: &[u8]) -> (Opcode, bool, u64, Value) {
     (frame.opcode, frame.is_response(), frame.request_id, fields)
 }
 
-#[test]
-fn native_frame_vectors() {
-    let mut doc = load("native.json");
+/// Checks (or, blessing, rewrites) every frame vector of `file`; returns the (opcode, response)
+/// pairs it covers.
+fn check_frame_file(file: &str) -> std::collections::HashSet<(Opcode, bool)> {
+    let mut doc = load(file);
     let mut seen = std::collections::HashSet::new();
     for v in doc["frames"].as_array_mut().unwrap() {
         let name = s(&v["name"]).to_owned();
@@ -574,6 +765,17 @@ fn native_frame_vectors() {
             v["fields"]
         );
     }
+    if bless() {
+        save(file, &doc);
+    }
+    seen
+}
+
+#[test]
+fn native_frame_vectors() {
+    let mut seen = check_frame_file("native.json");
+    // OPERATOR's vectors are in operators.json (section 10 of the spec).
+    seen.extend(check_frame_file("operators.json"));
     for op in Opcode::ALL {
         for response in [false, true] {
             assert!(
@@ -583,14 +785,20 @@ fn native_frame_vectors() {
             );
         }
     }
-    if bless() {
-        save("native.json", &doc);
-    }
+}
+
+#[test]
+fn operator_bad_frame_vectors() {
+    check_bad_frames("operators.json");
 }
 
 #[test]
 fn native_bad_frame_vectors() {
-    let doc = load("native.json");
+    check_bad_frames("native.json");
+}
+
+fn check_bad_frames(file: &str) {
+    let doc = load(file);
     for v in arr(&doc["bad_frames"]) {
         let name = s(&v["name"]);
         let bytes = unhex(s(&v["hex"]));

@@ -1,38 +1,16 @@
-//! One client connection: read, parse every complete request in the buffer, dispatch, and write
-//! the replies of a whole read in one write (pipelined requests answered in order, few syscalls).
-//!
-//! Invariants relied on:
-//! 1. Replies are appended in request order to one output buffer; nothing is written out of order.
-//! 2. We never read more requests while replies are waiting to be written beyond `OUT_HIGH_WATER`,
-//!    and a multi-key get writes its reply out in parts of about that size: a client that stops
-//!    reading stalls only its own connection, and the server buffers at most one read buffer plus
-//!    one batch of replies for it (then the write timeout closes it).
-//! 3. The read buffer grows only as far as one command line (`max_line_len`) plus one data block
-//!    (`max_value_len`); anything larger was refused by the parser first.
+//! One client connection: the first byte tells the native protocol (`native`) from memcached's text
+//! and meta protocols (`memcache`); each has its own connection loop over the shared I/O (`io`).
 
-use std::io;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use ramgrid_proto::memcache::{parse_request, ParseError};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
-use crate::auth;
 use crate::buffers::ConnMemory;
-use crate::dispatch::{self, Flow};
+use crate::io::{read_or_stop, MEMCACHE_READ_CHUNK as READ_CHUNK};
 use crate::native::{self, NativeState};
 use crate::stats::{Shared, WorkerStats};
-
-const READ_CHUNK: usize = 16 << 10;
-/// A reply buffer's base: what it keeps between bursts; anything beyond is charged to the
-/// buffer budget while held (see [`crate::buffers`]).
-pub(crate) const OUT_BASE: usize = 64 << 10;
-/// Flush replies mid-batch once this much is pending, so a long pipeline does not pile up output
-/// (a single multi-key get stops at the same mark, see [`Flow::Partial`]).
-const OUT_HIGH_WATER: usize = dispatch::REPLY_HIGH_WATER;
 
 /// Serves one connection: the first byte tells the native protocol (magic 0xA7) from memcached's
 /// text and meta protocols.
@@ -69,7 +47,7 @@ pub async fn serve(
         )
         .await;
     } else {
-        serve_memcache(
+        crate::memcache::serve(
             sock,
             buf,
             end,
@@ -82,212 +60,4 @@ pub async fn serve(
         )
         .await;
     }
-}
-
-/// Serves a memcached-protocol connection until the client closes it, a fatal protocol error,
-/// `quit`, a write timeout, or server shutdown. `buf[..end]` holds the bytes already read.
-/// `auth_deadline` is set when the server has a token: until the connection authenticates (see
-/// [`crate::auth`]) nothing else is answered, and at the deadline it is closed.
-#[expect(clippy::too_many_arguments)]
-async fn serve_memcache(
-    mut sock: TcpStream,
-    mut buf: Vec<u8>,
-    mut end: usize,
-    shared: &Shared,
-    stats: &WorkerStats,
-    mut stop: watch::Receiver<bool>,
-    write_timeout: Duration,
-    mut auth_deadline: Option<Instant>,
-    mem: &mut ConnMemory<'_>,
-) {
-    let limits = shared.settings.limits;
-    let mut start = 0usize;
-    let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
-    // Bytes still to drop that a refused request said to skip (an oversized value's data block,
-    // which memcached swallows) but that have not arrived yet.
-    let mut discard = 0usize;
-
-    loop {
-        if discard > 0 {
-            let n = discard.min(end - start);
-            start += n;
-            discard -= n;
-        }
-        // Parse and execute every complete request we have.
-        while discard == 0 {
-            match parse_request(&buf[start..end], &limits) {
-                Ok((req, used)) => {
-                    start += used;
-                    if auth_deadline.is_some() {
-                        let token = shared.settings.token.as_deref().unwrap_or_default();
-                        let outcome = auth::memcache_auth(&req, token);
-                        if outcome == auth::MemcacheAuth::Authenticated {
-                            // memcached answers even with noreply, and stores nothing.
-                            out.extend_from_slice(outcome.reply());
-                            auth_deadline = None;
-                            continue;
-                        }
-                        // memcached drops what else was read (answering for it instead, if
-                        // anything was) and waits for another try.
-                        let more = start < end;
-                        out.extend_from_slice(if more {
-                            auth::UNAUTHENTICATED
-                        } else {
-                            outcome.reply()
-                        });
-                        start = end;
-                        break;
-                    }
-                    let mut progress = 0;
-                    loop {
-                        match dispatch::execute_part(&req, shared, stats, &mut out, &mut progress) {
-                            Flow::Continue => break,
-                            Flow::Close => {
-                                let _ = flush(&mut sock, &mut out, stats, write_timeout, mem).await;
-                                return;
-                            }
-                            Flow::Partial => {
-                                if flush(&mut sock, &mut out, stats, write_timeout, mem)
-                                    .await
-                                    .is_err()
-                                {
-                                    return;
-                                }
-                            }
-                        }
-                    }
-                    if out.len() >= OUT_HIGH_WATER
-                        && flush(&mut sock, &mut out, stats, write_timeout, mem)
-                            .await
-                            .is_err()
-                    {
-                        return;
-                    }
-                }
-                Err(ParseError::Incomplete) => break,
-                Err(ParseError::Recoverable { .. } | ParseError::Fatal { .. })
-                    if auth_deadline.is_some() =>
-                {
-                    out.extend_from_slice(auth::UNAUTHENTICATED);
-                    start = end;
-                    break;
-                }
-                Err(ParseError::Recoverable { consumed, reply }) => {
-                    let here = consumed.min(end - start);
-                    start += here;
-                    discard = consumed - here;
-                    out.extend_from_slice(reply.as_bytes());
-                }
-                Err(ParseError::Fatal { reply, .. }) => {
-                    out.extend_from_slice(reply.as_bytes());
-                    let _ = flush(&mut sock, &mut out, stats, write_timeout, mem).await;
-                    return;
-                }
-            }
-        }
-        if !out.is_empty()
-            && flush(&mut sock, &mut out, stats, write_timeout, mem)
-                .await
-                .is_err()
-        {
-            return;
-        }
-        if *stop.borrow() {
-            return;
-        }
-
-        // Make room: move the unparsed tail to the front, grow only when a single request needs it.
-        if start == end {
-            start = 0;
-            end = 0;
-        } else if start > 0 && buf.len() - end < READ_CHUNK / 2 {
-            buf.copy_within(start..end, 0);
-            end -= start;
-            start = 0;
-        }
-        if buf.len() - end < READ_CHUNK / 2 {
-            let max = (limits.max_line_len + limits.max_value_len + 64).max(READ_CHUNK);
-            let want = (buf.len() * 2).min(max);
-            if want <= buf.len() {
-                // Cannot happen while the parser enforces its limits; refuse rather than grow.
-                return;
-            }
-            // Growth is granted once for the largest request the parser accepts, so a
-            // connection never waits for memory while it holds part of a grant.
-            let deadline = Instant::now() + write_timeout;
-            if !mem.grow_read(max - READ_CHUNK, deadline).await {
-                return;
-            }
-            buf.resize(want, 0);
-        }
-
-        let Some(n) =
-            read_or_stop(&mut sock, &mut buf[end..], &mut stop, stats, auth_deadline).await
-        else {
-            return;
-        };
-        end += n;
-        // Shrink a buffer that grew for one big value once it is drained, so idle connections stay
-        // small, and give its grant back.
-        if start == end && buf.len() > READ_CHUNK {
-            buf = vec![0u8; READ_CHUNK];
-            start = 0;
-            end = 0;
-            mem.shrink_read();
-        }
-    }
-}
-
-/// Reads what the socket has into `buf` and counts it; `None` when the peer closed, the read
-/// failed, the server is shutting down, or `deadline` (if any) passed first.
-pub(crate) async fn read_or_stop(
-    sock: &mut TcpStream,
-    buf: &mut [u8],
-    stop: &mut watch::Receiver<bool>,
-    stats: &WorkerStats,
-    deadline: Option<Instant>,
-) -> Option<usize> {
-    let expired = async {
-        match deadline {
-            Some(d) => tokio::time::sleep_until(d).await,
-            None => std::future::pending().await,
-        }
-    };
-    let n = tokio::select! {
-        r = sock.read(buf) => match r {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => n,
-        },
-        _ = stop.changed() => return None,
-        _ = expired => return None,
-    };
-    WorkerStats::add(&stats.bytes_read, n as u64);
-    Some(n)
-}
-
-/// Writes `out` whole within `timeout` (a client that stops reading is cut off), counts it, and
-/// empties it, giving back (to the allocator and to the buffer budget) memory a burst made it
-/// grow to. What it holds beyond its base is charged while it waits to be written.
-pub(crate) async fn flush(
-    sock: &mut TcpStream,
-    out: &mut Vec<u8>,
-    stats: &WorkerStats,
-    timeout: Duration,
-    mem: &mut ConnMemory<'_>,
-) -> io::Result<()> {
-    mem.settle_reply(out.capacity().saturating_sub(OUT_BASE));
-    let r = match tokio::time::timeout(timeout, sock.write_all(out)).await {
-        Ok(r) => r,
-        Err(_) => Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "client stopped reading replies",
-        )),
-    };
-    WorkerStats::add(&stats.bytes_written, out.len() as u64);
-    out.clear();
-    if out.capacity() > OUT_BASE {
-        out.shrink_to(OUT_BASE);
-    }
-    mem.settle_reply(out.capacity().saturating_sub(OUT_BASE));
-    r
 }

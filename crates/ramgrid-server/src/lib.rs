@@ -9,8 +9,9 @@ pub mod buffers;
 pub mod cluster;
 pub mod config;
 pub mod conn;
-pub mod dispatch;
 pub mod export;
+pub mod io;
+pub mod memcache;
 pub mod meta;
 pub mod metrics;
 pub mod native;
@@ -22,4 +23,6 @@ pub mod stats;
 pub mod wal;
 
 pub use config::Config;
+/// The memcached requests' execution, where it was before the server was split by protocol.
+pub use memcache::dispatch;
 pub use server::{start, ServerHandle};

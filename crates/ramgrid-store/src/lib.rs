@@ -10,6 +10,7 @@ pub mod clock;
 pub mod image;
 mod index;
 pub mod memory;
+pub mod ops;
 pub mod tables;
 
 pub use cache::{

@@ -6,6 +6,7 @@ use super::admin::{
 use super::data::{GetReply, KeyBatch, KeyStatuses, Put};
 use super::error::FrameError;
 use super::frame::{Frame, Opcode, Pending, FLAG_RESPONSE};
+use super::ops::{OpReply, OpRequest};
 use super::types::{ErrorReply, Status, TableInfo};
 use super::wire::{self, put_u32, put_u64, put_u8, Reader};
 
@@ -63,6 +64,8 @@ pub enum Request<'a> {
     Put(Put<'a>),
     /// DELETE.
     Delete(KeyBatch<'a>),
+    /// OPERATOR.
+    Operator(OpRequest<'a>),
 }
 
 impl<'a> Request<'a> {
@@ -108,6 +111,7 @@ impl<'a> Request<'a> {
                 message: r.bytes32("raft message")?,
             },
             Opcode::Metrics => Request::Metrics,
+            Opcode::Operator => Request::Operator(OpRequest::read(&mut r)?),
             Opcode::Get | Opcode::Put | Opcode::Delete => unreachable!("handled above"),
         };
         r.finish()?;
@@ -136,6 +140,7 @@ impl<'a> Request<'a> {
             Request::Get(_) => Opcode::Get,
             Request::Put(_) => Opcode::Put,
             Request::Delete(_) => Opcode::Delete,
+            Request::Operator(_) => Opcode::Operator,
         }
     }
 
@@ -168,6 +173,7 @@ impl<'a> Request<'a> {
             }
             Request::Get(b) | Request::Delete(b) => b.write_body(out)?,
             Request::Put(b) => b.write_body(out)?,
+            Request::Operator(o) => o.write(out)?,
         }
         p.finish()
     }
@@ -206,6 +212,8 @@ pub enum Response<'a> {
     Get(GetReply<'a>),
     /// OK to PUT or DELETE.
     KeyStatuses(KeyStatuses<'a>),
+    /// OK to OPERATOR.
+    Operator(OpReply),
 }
 
 impl<'a> Response<'a> {
@@ -260,6 +268,7 @@ impl<'a> Response<'a> {
                 Opcode::Metrics => Response::Metrics(r.str32("metrics")?),
                 Opcode::Get => Response::Get(GetReply::read(&mut r)?),
                 Opcode::Put | Opcode::Delete => Response::KeyStatuses(KeyStatuses::read(&mut r)?),
+                Opcode::Operator => Response::Operator(OpReply::read(&mut r)?),
             }
         };
         r.finish()?;
@@ -292,6 +301,7 @@ impl<'a> Response<'a> {
             Response::Metrics(_) => opcode == O::Metrics,
             Response::Get(_) => opcode == O::Get,
             Response::KeyStatuses(_) => matches!(opcode, O::Put | O::Delete),
+            Response::Operator(_) => opcode == O::Operator,
         }
     }
 
@@ -340,6 +350,7 @@ impl<'a> Response<'a> {
             }
             Response::Get(g) => g.write(out)?,
             Response::KeyStatuses(k) => k.write(out)?,
+            Response::Operator(o) => o.write(out)?,
         }
         p.finish()
     }

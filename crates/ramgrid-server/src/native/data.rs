@@ -1,0 +1,198 @@
+//! Data requests: GET (one version per frame, values straight into the reply, bounded by the
+//! buffer budget), PUT and DELETE (through the write-ahead log for log tables).
+
+use ramgrid_proto::native::{
+    self as wire, ErrorReply, FrameError, GetReplyWriter, Opcode, Request, Status,
+};
+use ramgrid_store::tables::{KeyStatus as StoreKeyStatus, TableVersion, ValueRef, ValueType};
+use ramgrid_store::Error as StoreError;
+
+use super::checks::{check_copied, check_epoch, check_held, check_incarnation};
+use super::convert::{refusal, store_value_type, wire_value_type};
+use super::handler::Conn;
+use super::NativeState;
+use crate::wal;
+
+/// The pairs of a PUT group that the store accepted, as log ops.
+fn wal_puts<'a>(
+    pairs: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+    status: &'a [u8],
+) -> impl Iterator<Item = wal::Op<'a>> {
+    pairs
+        .zip(status)
+        .filter(|(_, &s)| s == StoreKeyStatus::Ok as u8)
+        .map(|((k, v), _)| wal::Op::Put(k, v))
+}
+
+/// The keys of a DELETE group that were removed (a missing key changes nothing), as log ops.
+fn wal_deletes<'a>(
+    keys: impl Iterator<Item = &'a [u8]>,
+    status: &'a [u8],
+) -> impl Iterator<Item = wal::Op<'a>> {
+    keys.zip(status)
+        .filter(|(_, &s)| s == StoreKeyStatus::Ok as u8)
+        .map(|(k, _)| wal::Op::Delete(k))
+}
+
+/// Bytes of a GET reply body besides its status bytes and values: the version, value type and
+/// counts (section 7.2 of the spec), generously.
+const REPLY_HEADER_SLACK: usize = 64;
+
+/// The most a GET's reply can take: exact for fixed-width values; the body limit for bytes.
+pub(super) fn reply_bound(state: &NativeState, get: &wire::KeyBatch<'_>) -> usize {
+    let keys = get.groups.key_count();
+    let width = state
+        .tables
+        .value_type(get.table)
+        .ok()
+        .and_then(|vt| vt.packed_width());
+    match width {
+        Some(w) => keys
+            .saturating_mul(w + 1)
+            .saturating_add(REPLY_HEADER_SLACK + wire::HEADER_LEN)
+            .min(state.max_body),
+        None => state.max_body,
+    }
+}
+
+impl Conn {
+    pub(super) fn data(
+        &mut self,
+        state: &NativeState,
+        id: u64,
+        req: &Request<'_>,
+        out: &mut Vec<u8>,
+        room: usize,
+    ) -> Result<(), ErrorReply> {
+        match req {
+            Request::Get(b) => {
+                check_epoch(&state.cluster.read(), b.epoch, false)?;
+                state.check_quorum()?;
+                // Resolve the version once: every group of this frame reads that one version.
+                let tv = state
+                    .tables
+                    .at(b.table, b.version)
+                    .map_err(|e| refusal(&e))?;
+                check_incarnation(&tv, b.incarnation)?;
+                check_held(&tv, b.groups.iter().map(|g| g.partition))?;
+                check_copied(&tv, b.groups.iter().map(|g| g.partition))?;
+                // One call for the whole frame: its lookups share one prefetching pipeline
+                // whatever the number of partitions (a group per partition holds few keys).
+                // No reply frame is larger than the body limit HELLO announced (that of requests)
+                // nor than the room the buffer budget gave it: a GET whose values would pass
+                // either is refused (TOO_LARGE: the client asks for fewer keys), never composed
+                // whole. The values go straight into the reply frame.
+                let keys = b.groups.key_count();
+                let max_values = state
+                    .max_body
+                    .min(room)
+                    .saturating_sub(keys + REPLY_HEADER_SLACK);
+                let enc = |e: FrameError| ErrorReply::new(Status::Internal, e.to_string());
+                let wvt = wire_value_type(tv.value_type());
+                let mut w = GetReplyWriter::begin(out, id, tv.version(), wvt, keys).map_err(enc)?;
+                // The store's packed layout is the wire's (7.2) and its status bytes are the
+                // wire's (checked at compile time next to `refusal`).
+                w.fill_packed(&mut self.status, |status, values| {
+                    tv.get_groups_bounded(
+                        b.groups.iter().map(|g| (g.partition, g.keys)),
+                        status,
+                        values,
+                        max_values,
+                    )
+                })
+                .map_err(enc)?
+                .map_err(|e| refusal(&e))?;
+                w.finish().map_err(enc)
+            }
+            Request::Put(p) => {
+                // Held until the write is done: a spec change waits for it (cluster.rs).
+                let cluster = state.cluster.read();
+                check_epoch(&cluster, p.epoch, true)?;
+                state.check_quorum()?;
+                let tv = writable(
+                    state,
+                    p.table,
+                    p.version,
+                    p.incarnation,
+                    p.groups.iter().map(|g| g.partition),
+                )?;
+                let vt = tv.value_type();
+                let type_ok = store_value_type(p.value_type) == vt;
+                let (log, mut ticket) = (state.log_of(&tv)?, 0);
+                self.status.clear();
+                for g in p.groups.iter() {
+                    if !type_ok {
+                        self.status.extend(std::iter::repeat_n(
+                            StoreKeyStatus::WrongType as u8,
+                            g.keys.len(),
+                        ));
+                        continue;
+                    }
+                    let items = g.keys.zip(g.values).map(|(k, v)| (k, value_ref(vt, v)));
+                    tv.put_batch_then(g.partition, items, &mut self.status, |st| {
+                        if let Some(log) = &log {
+                            ticket = log.append(g.partition, wal_puts(g.keys.zip(g.values), st));
+                        }
+                    })
+                    .map_err(|e| refusal(&e))?;
+                }
+                self.commit = log.map(|log| (log, ticket));
+                self.write_statuses(out, Opcode::Put, id)
+            }
+            Request::Delete(b) => {
+                let cluster = state.cluster.read();
+                check_epoch(&cluster, b.epoch, true)?;
+                state.check_quorum()?;
+                let tv = writable(
+                    state,
+                    b.table,
+                    b.version,
+                    b.incarnation,
+                    b.groups.iter().map(|g| g.partition),
+                )?;
+                let (log, mut ticket) = (state.log_of(&tv)?, 0);
+                self.status.clear();
+                for g in b.groups.iter() {
+                    tv.delete_batch_then(g.partition, g.keys, &mut self.status, |st| {
+                        if let Some(log) = &log {
+                            ticket = log.append(g.partition, wal_deletes(g.keys, st));
+                        }
+                    })
+                    .map_err(|e| refusal(&e))?;
+                }
+                self.commit = log.map(|log| (log, ticket));
+                self.write_statuses(out, Opcode::Delete, id)
+            }
+            _ => unreachable!("the handler sends only data requests here"),
+        }
+    }
+}
+
+/// Decodes one wire value (already validated by the codec) into the store's view.
+pub(crate) fn value_ref(vt: ValueType, v: &[u8]) -> ValueRef<'_> {
+    let eight = |v: &[u8]| -> [u8; 8] { v.try_into().unwrap_or_default() };
+    match vt {
+        ValueType::I64 => ValueRef::I64(i64::from_le_bytes(eight(v))),
+        ValueType::F64 => ValueRef::F64(f64::from_le_bytes(eight(v))),
+        ValueType::F32Vec { .. } => ValueRef::F32VecLe(v),
+        ValueType::Bytes => ValueRef::Bytes(v),
+    }
+}
+
+/// The version a PUT or DELETE writes: resolved once, refused if sealed or if any of the request's
+/// partitions is not held here, before any key is touched.
+fn writable(
+    state: &NativeState,
+    table: &str,
+    version: u32,
+    incarnation: u64,
+    partitions: impl Iterator<Item = u32>,
+) -> Result<TableVersion, ErrorReply> {
+    let tv = state.tables.at(table, version).map_err(|e| refusal(&e))?;
+    check_incarnation(&tv, incarnation)?;
+    if tv.is_sealed() {
+        return Err(refusal(&StoreError::VersionSealed(tv.version())));
+    }
+    check_held(&tv, partitions)?;
+    Ok(tv)
+}
