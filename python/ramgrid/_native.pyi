@@ -95,6 +95,20 @@ def run_server(args: list[str]) -> None:
     prints its 'ramgrid-server listening on ADDR' line and blocks until SIGTERM/SIGINT."""
 
 def partition_of(key: str | bytes | int, partitions: int) -> int: ...
+def run_op(
+    client: Client,
+    table: str,
+    version: int,
+    incarnation: int,
+    op: str,
+    column: int = 0,
+    predicate: tuple[int, float, float] | None = None,
+    edges: list[float] | None = None,
+    weights: list[float] | None = None,
+    l2: float = 0.0,
+    components: int = 0,
+    centroids: list[float] | None = None,
+) -> dict[str, Any]: ...
 
 # Exceptions (all subclasses of RamgridError); python/ramgrid/exceptions.py re-exports them.
 class RamgridError(Exception): ...

@@ -96,6 +96,16 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("name")
     ls = tbsub.add_parser("list", help="list tables")
     _common(ls, top=False)
+    st = tbsub.add_parser(
+        "stats",
+        help="count, sum, min, max, mean, std of a numeric table, computed by the servers (one pass per column)",
+        description="Summary statistics computed where the data lives (ramgrid.ops): one line per column "
+        "(per vector component for f32vec tables).",
+    )
+    _common(st, top=False)
+    st.add_argument("name")
+    st.add_argument("--version", type=int, default=0, help="a version (default: the current one)")
+    st.add_argument("--columns", type=int, default=8, help="at most this many vector components (default 8)")
 
     g = add("get", "print the values of keys (tab-separated key, value; exit 1 if any is missing)")
     g.add_argument("table")
@@ -400,7 +410,28 @@ def cmd_table(args: argparse.Namespace) -> int:
             )
     elif args.action == "describe":
         print(json.dumps(grid.table(args.name).describe(), indent=2, default=str))
+    elif args.action == "stats":
+        _table_stats(grid, args)
     return 0
+
+
+def _table_stats(grid: Any, args: argparse.Namespace) -> None:
+    table = grid.table(args.name)
+    info = table.describe()
+    vt = info.get("value_type")
+    if vt == "bytes":
+        raise CliError(f"table {args.name} holds bytes; stats need i64, f64 or f32vec values")
+    reader = table.pin(args.version) if args.version else table
+    columns = min(int(info.get("dim") or 1), max(1, args.columns)) if vt == "f32vec" else 1
+    print("column\tcount\tsum\tmin\tmax\tmean\tstd")
+    version = None
+    for c in range(columns):
+        s = reader.stats(column=c)
+        version = s.version
+        print(f"{c}\t{s.count}\t{s.sum:.6g}\t{s.min:.6g}\t{s.max:.6g}\t{s.mean:.6g}\t{s.std():.6g}")
+    if vt == "f32vec" and columns < int(info.get("dim") or 1):
+        print(f"(first {columns} of {info.get('dim')} components; --columns N for more)")
+    print(f"version {version}")
 
 
 def _keys(raw: Sequence[str], as_int: bool) -> list[Any]:

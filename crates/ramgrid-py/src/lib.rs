@@ -2,6 +2,8 @@
 //! maps errors to Python exceptions. Every policy lives in ramgrid-client or in the Python package;
 //! the contract is `python/ramgrid/_native.pyi`.
 
+mod ops;
+
 use std::time::Duration;
 
 use numpy::{
@@ -970,6 +972,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_function(wrap_pyfunction!(run_server, m)?)?;
     m.add_function(wrap_pyfunction!(partition_of, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::run_op, m)?)?;
     m.add("RamgridError", py.get_type::<RamgridError>())?;
     m.add("ConnectionFailed", py.get_type::<ConnectionFailed>())?;
     m.add("ServerRefused", py.get_type::<ServerRefused>())?;

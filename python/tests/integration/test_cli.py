@@ -66,6 +66,12 @@ def test_cli_cluster_tables_keys(tmp_path: Path) -> None:
         assert rg(env, tmp_path, "get", "scores", "42", "--int-keys").stdout == "42\t2.5\n"
         got = rg(env, tmp_path, "get", "names", "alice", "bob", ok=False)
         assert got.returncode == 1 and got.stdout == "alice\tAlice Liddell\nbob\t(missing)\n"
+        rg(env, tmp_path, "put", "scores", "43", "4.5", "--int-keys")
+        st_lines = rg(env, tmp_path, "table", "stats", "scores").stdout.splitlines()
+        assert st_lines[0].split("\t")[:3] == ["column", "count", "sum"]
+        assert st_lines[1].split("\t")[:5] == ["0", "2", "7", "2.5", "4.5"], st_lines
+        no_stats = rg(env, tmp_path, "table", "stats", "names", ok=False)
+        assert no_stats.returncode == 2 and "bytes" in no_stats.stderr
         desc = json.loads(rg(env, tmp_path, "table", "describe", "scores").stdout)
         assert desc["value_type"] == "f64" and desc["partitions"] == 8
         bad = rg(env, tmp_path, "put", "scores", "1", "not-a-number", "--int-keys", ok=False)
@@ -74,7 +80,7 @@ def test_cli_cluster_tables_keys(tmp_path: Path) -> None:
         assert len(stats) == 2
         # Per-table figures of each server (METRICS); summed over the servers they are the traffic above.
         scores = [s["tables"]["scores"] for s in stats]
-        assert sum(t["puts"] for t in scores) == 1 and sum(t["items"] for t in scores) == 1
+        assert sum(t["puts"] for t in scores) == 2 and sum(t["items"] for t in scores) == 2
         assert sum(t["hits"] for t in scores) == 1 and sum(t["misses"] for t in scores) == 0
         names = [s["tables"]["names"] for s in stats]
         assert sum(t["puts"] for t in names) == 2  # replication 2: stored on both servers

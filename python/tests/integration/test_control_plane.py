@@ -326,3 +326,70 @@ def test_two_clients_creating_versions_at_once_never_share_a_number() -> None:
         assert len(set(currents)) == 1, currents
         cur = currents[0]
         assert ramgrid.connect(g.spec).table("vr").get_many(keys).tolist() == (value_of(keys) + cur).tolist()
+
+
+def test_cluster_status_shows_a_repair_in_progress() -> None:
+    """A learner restarted empty while a voter (the only other replica of some of its partitions) is paused: the
+    repair copies what the live servers give and waits for the rest, and `ramgrid cluster status` shows it in
+    progress (partitions still pending, bytes copied); once the voter resumes the repair ends. A long failure
+    timeout keeps the paused voter in the spec, so nothing is failed over meanwhile."""
+    import subprocess
+    import sys
+
+    from ramgrid.cli import _role
+
+    with ramgrid.local(servers=4, memory="64MiB", extra_args=["--failure-timeout-ms", "60000"]) as g:
+        t = g.create_table("rep", partitions=32, replication=2, value_type="i64")
+        keys = np.arange(40_000, dtype=np.int64)
+        t.put_many(keys, keys * 3)
+        _wait("a learner among the members", lambda: any(_role(s) == "learner" for s in _status(g)))
+        roles = {s["server"]: _role(s) for s in _status(g)}
+        learner = next(i for i, a in enumerate(g.addresses) if roles[a] == "learner")
+        voter = next(i for i, a in enumerate(g.addresses) if roles[a] == "voter")
+        pid = g.pids[voter]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            g.restart(learner)
+            addr = g.addresses[learner]
+            env = {k: v for k, v in os.environ.items() if not k.startswith("RAMGRID_")}
+            env["RAMGRID_SPEC"] = g.spec
+            shown: list[str] = []
+
+            def in_progress() -> bool:
+                out = subprocess.run(
+                    [sys.executable, "-m", "ramgrid.cli", "cluster", "status"],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=40,
+                    check=False,
+                ).stdout
+                line = next((ln for ln in out.splitlines() if ln.startswith(addr + "\t")), "")
+                pending = line.split("pending partitions ")[1].split("\t")[0] if "pending partitions" in line else "0"
+                shown[:] = [out]
+                return int(pending) > 0 and " 0 bytes" not in line.split("copied ")[1]
+
+            _wait("a repair in progress in `ramgrid cluster status`", in_progress, timeout=40)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        g.wait_repaired(timeout=40)
+        assert all(s["pending_partitions"] == 0 for s in _status(g))
+        assert (t.get_many(keys) == keys * 3).all()
+        assert "pending partitions" in shown[0]
+
+
+def test_a_switch_is_installed_on_every_server_when_the_call_returns() -> None:
+    """Committing a version returns once every server serves it as current, so the previous version can be dropped
+    at once (a server that had the switch committed but not yet applied answered early, and refused that drop)."""
+    with _grid() as g:
+        t = g.create_table("installed", partitions=8, replication=2, value_type="i64")
+        with t.new_version() as v:
+            v.put_many([1], [0])
+        prev = t.current_version()
+        t.drop_version(1)
+        for i in range(1, 16):
+            with t.new_version() as v:
+                v.put_many([1], [i])
+            t.drop_version(prev)  # refused ("version N is current") by a server that had not installed the switch
+            prev = t.current_version()
+            assert t.get(1) == i

@@ -171,6 +171,12 @@ impl Meta {
             Err(MetaError::Refused(MetaRefusal::NoSuchTable { .. })) => return Ok(false),
             Err(e) => return Err(proposal_error(e)),
         }
+        // Committed is not yet applied here: until this node has applied the switch, its state
+        // still names the old current version, which the loop below would take for a later
+        // switch that superseded this one, and answer before installing (a drop of the old
+        // version right after the call was then refused as current). A read through the leader
+        // returns once this node has applied everything committed so far, this switch included.
+        self.read_committed().await?;
         let deadline = Instant::now() + INSTALL_WAIT;
         loop {
             self.observe_catalog(state, false);
