@@ -17,6 +17,8 @@ use ramgrid_client::{
     Keys, MoveReport, TableDescription, ValueType, Values, ValuesRef,
 };
 
+mod scan;
+
 create_exception!(
     ramgrid._native,
     RamgridError,
@@ -970,6 +972,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_function(wrap_pyfunction!(run_server, m)?)?;
     m.add_function(wrap_pyfunction!(partition_of, m)?)?;
+    m.add_class::<scan::ScanIter>()?;
+    m.add_function(wrap_pyfunction!(scan::scan, m)?)?;
+    m.add_function(wrap_pyfunction!(scan::top_k, m)?)?;
     m.add("RamgridError", py.get_type::<RamgridError>())?;
     m.add("ConnectionFailed", py.get_type::<ConnectionFailed>())?;
     m.add("ServerRefused", py.get_type::<ServerRefused>())?;
