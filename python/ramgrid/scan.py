@@ -93,7 +93,7 @@ class ScanChunks:
         """Stops the scan; nothing is left to clean up on the servers."""
         self._it.close()
 
-    def __enter__(self) -> ScanChunks:
+    def __enter__(self) -> ScanChunks:  # noqa: PYI034 (final in practice; Self needs 3.11)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -44,7 +44,7 @@ pub use membership::{MoveReport, ServerStatus};
 pub use near::{NearCache, NearStats};
 pub use ops::{OpAnswer, OpResult, OpSpec};
 pub use plan::Ack;
-pub use scan::{Chunk, PackedKeys, Scan, ScanOptions};
 pub use ramgrid_proto::cluster::{partition_of, ClusterSpec};
 pub use ramgrid_proto::native::{Durability, Predicate, Stats, ValueType};
+pub use scan::{Chunk, PackedKeys, Scan, ScanOptions};
 pub use values::{parse_type, type_name, BytesValues, Values, ValuesMut, ValuesRef};

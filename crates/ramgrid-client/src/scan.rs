@@ -175,7 +175,9 @@ impl Client {
         opts: ScanOptions,
     ) -> Result<Scan> {
         if opts.chunk_items == 0 {
-            return Err(Error::InvalidArgument("chunk_items must be at least 1".into()));
+            return Err(Error::InvalidArgument(
+                "chunk_items must be at least 1".into(),
+            ));
         }
         if let Some(p) = &predicate {
             if p.lo.is_nan() || p.hi.is_nan() {
@@ -349,10 +351,11 @@ impl Scan {
             };
             match c.partition_round(&topo, &map, &self.table, self.version, vec![p], io) {
                 Ok(()) => {
-                    let (state, next, generation, version) = got.ok_or_else(|| Error::Protocol {
-                        server: String::new(),
-                        message: format!("no page of partition {p} came back"),
-                    })?;
+                    let (state, next, generation, version) =
+                        got.ok_or_else(|| Error::Protocol {
+                            server: String::new(),
+                            message: format!("no page of partition {p} came back"),
+                        })?;
                     self.version = version;
                     return Ok((state, next, generation));
                 }

@@ -39,7 +39,9 @@ pub use ops::{
     encode_op, f64_bytes, F64s, OpKind, OpReply, OpRequest, Operator, Outcome, Partial, Predicate,
     Stats, U32s, MAX_HISTOGRAM_BINS, MAX_OP_PARTITIONS,
 };
-pub use scan::{encode_scan, encode_scan_page, Cursor, PageHead, PageState, ScanReply, ScanRequest};
+pub use scan::{
+    encode_scan, encode_scan_page, Cursor, PageHead, PageState, ScanReply, ScanRequest,
+};
 pub use types::{
     Durability, ErrorReply, KeyStatus, Status, TableInfo, ValueType, VersionInfo, MAX_KEY_LEN,
     MAX_NAME_LEN, MAX_VECTOR_DIM,

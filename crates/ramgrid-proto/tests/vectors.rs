@@ -342,11 +342,9 @@ fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
                     offset: u(&f["offset"]),
                     max_len: u32_(&f["max_len"]),
                 }),
-                Opcode::Get
-                | Opcode::Put
-                | Opcode::Delete
-                | Opcode::Operator
-                | Opcode::Scan => unreachable!(),
+                Opcode::Get | Opcode::Put | Opcode::Delete | Opcode::Operator | Opcode::Scan => {
+                    unreachable!()
+                }
             };
             req.encode(&mut out, id).unwrap();
         }
@@ -409,7 +407,10 @@ fn encode_response(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
                 value_type: vt,
             };
             let keys: Vec<Vec<u8>> = arr(&f["keys_hex"]).iter().map(|k| unhex(s(k))).collect();
-            let values: Vec<Vec<u8>> = arr(&f["values"]).iter().map(|v| value_bytes(vt, v)).collect();
+            let values: Vec<Vec<u8>> = arr(&f["values"])
+                .iter()
+                .map(|v| value_bytes(vt, v))
+                .collect();
             encode_scan_page(
                 &mut out,
                 id,
@@ -629,7 +630,10 @@ fn response_json(resp: &Response<'_>) -> Value {
             put("next", json!(h.next));
             put("value_type", vt_to_json(h.value_type));
             put("keys_hex", r.keys.map(hex).collect());
-            put("values", r.values.map(|v| value_json(h.value_type, v)).collect());
+            put(
+                "values",
+                r.values.map(|v| value_json(h.value_type, v)).collect(),
+            );
         }
         Response::Operator(r) => {
             put("version", json!(r.version));

@@ -83,7 +83,15 @@ fn chunk_tuple(py: Python<'_>, c: Chunk) -> PyResult<Bound<'_, PyTuple>> {
             pair.into_pyobject(py)?.into_any()
         }
     };
-    PyTuple::new(py, [c.partition.into_pyobject(py)?.into_any(), offsets, data, values])
+    PyTuple::new(
+        py,
+        [
+            c.partition.into_pyobject(py)?.into_any(),
+            offsets,
+            data,
+            values,
+        ],
+    )
 }
 
 /// Starts a scan of `table` (filtered when `predicate` = (component, lo, hi) is given).
@@ -104,7 +112,11 @@ pub(crate) fn scan(
         max_restarts,
     };
     let s = py
-        .allow_threads(|| client.inner.scan(table, version, incarnation, predicate(predicate), opts))
+        .allow_threads(|| {
+            client
+                .inner
+                .scan(table, version, incarnation, predicate(predicate), opts)
+        })
         .map_err(|e| to_py(py, e))?;
     Ok(ScanIter { scan: Some(s) })
 }
@@ -125,9 +137,15 @@ pub(crate) fn top_k<'py>(
 ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyAny>)> {
     let (items, _version) = py
         .allow_threads(|| {
-            client
-                .inner
-                .top_k(table, version, incarnation, column, k, largest, predicate(predicate))
+            client.inner.top_k(
+                table,
+                version,
+                incarnation,
+                column,
+                k,
+                largest,
+                predicate(predicate),
+            )
         })
         .map_err(|e| to_py(py, e))?;
     let keys = PyList::empty(py);

@@ -44,7 +44,12 @@ fn cluster(n: usize, extra: &[&str]) -> (Vec<ServerHandle>, Client) {
 }
 
 /// Every (key, value bytes) of a scan, checking that no key comes twice.
-fn scan_all(c: &Client, t: &str, pred: Option<Predicate>, chunk: usize) -> BTreeMap<Vec<u8>, Vec<u8>> {
+fn scan_all(
+    c: &Client,
+    t: &str,
+    pred: Option<Predicate>,
+    chunk: usize,
+) -> BTreeMap<Vec<u8>, Vec<u8>> {
     let opts = ScanOptions {
         chunk_items: chunk,
         ..ScanOptions::default()
@@ -92,10 +97,16 @@ fn scans_filters_and_top_k_match_the_rows_written() {
                 model.insert(kb(k), x);
             }
         }
-        let want: BTreeMap<Vec<u8>, Vec<u8>> =
-            model.iter().map(|(k, x)| (k.clone(), x.to_le_bytes().to_vec())).collect();
+        let want: BTreeMap<Vec<u8>, Vec<u8>> = model
+            .iter()
+            .map(|(k, x)| (k.clone(), x.to_le_bytes().to_vec()))
+            .collect();
         assert_eq!(scan_all(&c, &t, None, 333), want);
-        let pred = Predicate { component: 0, lo: -10.0, hi: 35.5 };
+        let pred = Predicate {
+            component: 0,
+            lo: -10.0,
+            hi: 35.5,
+        };
         let sel: BTreeMap<Vec<u8>, Vec<u8>> = want
             .iter()
             .filter(|(_, v)| {
@@ -109,7 +120,11 @@ fn scans_filters_and_top_k_match_the_rows_written() {
             let (got, _) = c.top_k(&t, 0, 0, 0, 25, largest, None).unwrap();
             let mut all: Vec<(Vec<u8>, f64)> = model.iter().map(|(k, &x)| (k.clone(), x)).collect();
             all.sort_by(|a, b| {
-                let o = if largest { b.1.total_cmp(&a.1) } else { a.1.total_cmp(&b.1) };
+                let o = if largest {
+                    b.1.total_cmp(&a.1)
+                } else {
+                    a.1.total_cmp(&b.1)
+                };
                 o.then_with(|| a.0.cmp(&b.0))
             });
             all.truncate(25);
@@ -120,16 +135,25 @@ fn scans_filters_and_top_k_match_the_rows_written() {
         c.create_table(&t, 16, repl, ValueType::Bytes).unwrap();
         let vals: Vec<Vec<u8>> = (0..n).map(|i| vec![b'x'; i % 50]).collect();
         let slices: Vec<&[u8]> = vals.iter().map(|v| v.as_slice()).collect();
-        c.put(&t, Keys::I64(&keys), ValuesRef::Slices(&slices), 0).unwrap();
-        let want: BTreeMap<Vec<u8>, Vec<u8>> =
-            keys.iter().map(|&k| kb(k)).zip(vals.iter().cloned()).collect();
+        c.put(&t, Keys::I64(&keys), ValuesRef::Slices(&slices), 0)
+            .unwrap();
+        let want: BTreeMap<Vec<u8>, Vec<u8>> = keys
+            .iter()
+            .map(|&k| kb(k))
+            .zip(vals.iter().cloned())
+            .collect();
         assert_eq!(scan_all(&c, &t, None, 1000), want);
         // f32 vectors, filtered on component 1
         let t = format!("v{repl}");
         c.create_table(&t, 16, repl, ValueType::F32Vec(3)).unwrap();
         let rows: Vec<f32> = (0..n * 3).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        c.put(&t, Keys::I64(&keys), ValuesRef::F32(&rows), 0).unwrap();
-        let pred = Predicate { component: 1, lo: 0.0, hi: 0.5 };
+        c.put(&t, Keys::I64(&keys), ValuesRef::F32(&rows), 0)
+            .unwrap();
+        let pred = Predicate {
+            component: 1,
+            lo: 0.0,
+            hi: 0.5,
+        };
         let want: BTreeMap<Vec<u8>, Vec<u8>> = keys
             .iter()
             .filter(|&&k| (0.0..0.5).contains(&f64::from(rows[k as usize * 3 + 1])))
@@ -142,8 +166,14 @@ fn scans_filters_and_top_k_match_the_rows_written() {
     }
     // Bad input: clear errors, nothing changed.
     assert!(c.scan("nope", 0, 0, None, ScanOptions::default()).is_err());
-    let bytes_pred = Some(Predicate { component: 0, lo: 0.0, hi: 1.0 });
-    let mut s = c.scan("b1", 0, 0, bytes_pred, ScanOptions::default()).unwrap();
+    let bytes_pred = Some(Predicate {
+        component: 0,
+        lo: 0.0,
+        hi: 1.0,
+    });
+    let mut s = c
+        .scan("b1", 0, 0, bytes_pred, ScanOptions::default())
+        .unwrap();
     let e = s.next().unwrap().unwrap_err().to_string();
     assert!(e.contains("numeric"), "{e}");
     assert!(c.top_k("b1", 0, 0, 0, 5, true, None).is_err());
@@ -185,7 +215,8 @@ fn pages_stay_under_the_frame_limit_and_a_write_between_pages_is_answered_change
     let keys: Vec<i64> = (0..40_000).collect();
     let xs: Vec<f64> = keys.iter().map(|&k| k as f64).collect();
     for ch in keys.chunks(2000).zip(xs.chunks(2000)) {
-        c.put("t", Keys::I64(ch.0), ValuesRef::F64(ch.1), 0).unwrap();
+        c.put("t", Keys::I64(ch.0), ValuesRef::F64(ch.1), 0)
+            .unwrap();
     }
     let mut raw = Raw(TcpStream::connect(servers[0].local_addr()).unwrap(), 0);
     let mut req = ScanRequest {
@@ -217,18 +248,31 @@ fn pages_stay_under_the_frame_limit_and_a_write_between_pages_is_answered_change
         }
         assert_eq!(h.state, PageState::More);
         req.version = h.version;
-        req.cursor = Cursor { position: h.next, generation: h.generation };
+        req.cursor = Cursor {
+            position: h.next,
+            generation: h.generation,
+        };
     }
     assert!(pages > 5, "{pages} pages");
-    let in_p0 = keys.iter().filter(|k| partition_of(&k.to_le_bytes(), 2) == 0).count();
+    let in_p0 = keys
+        .iter()
+        .filter(|k| partition_of(&k.to_le_bytes(), 2) == 0)
+        .count();
     assert_eq!(items, in_p0);
     // A write to the partition between pages: the next page is CHANGED, with no items.
     req.cursor = Cursor::START;
     let (frame, _) = raw.page(&req);
     let (h, _) = head_of(&frame);
-    req.cursor = Cursor { position: h.next, generation: h.generation };
-    let k = *keys.iter().find(|k| partition_of(&k.to_le_bytes(), 2) == 0).unwrap();
-    c.put("t", Keys::I64(&[k]), ValuesRef::F64(&[-1.0]), 0).unwrap();
+    req.cursor = Cursor {
+        position: h.next,
+        generation: h.generation,
+    };
+    let k = *keys
+        .iter()
+        .find(|k| partition_of(&k.to_le_bytes(), 2) == 0)
+        .unwrap();
+    c.put("t", Keys::I64(&[k]), ValuesRef::F64(&[-1.0]), 0)
+        .unwrap();
     let (frame, _) = raw.page(&req);
     let (h2, n) = head_of(&frame);
     assert_eq!((h2.state, n), (PageState::Changed, 0));
@@ -258,7 +302,8 @@ fn a_client_that_disconnects_mid_scan_leaves_the_server_serving() {
     let keys: Vec<i64> = (0..40_000).collect();
     let xs: Vec<f64> = keys.iter().map(|&k| k as f64).collect();
     for ch in keys.chunks(2000).zip(xs.chunks(2000)) {
-        c.put("t", Keys::I64(ch.0), ValuesRef::F64(ch.1), 0).unwrap();
+        c.put("t", Keys::I64(ch.0), ValuesRef::F64(ch.1), 0)
+            .unwrap();
     }
     for _ in 0..20 {
         // Ask for pages and go away without reading them; or read half a reply and go away.
@@ -284,7 +329,18 @@ fn a_client_that_disconnects_mid_scan_leaves_the_server_serving() {
         drop(s);
     }
     // A scan dropped after its first chunk: nothing to clean up anywhere.
-    let mut it = c.scan("t", 0, 0, None, ScanOptions { chunk_items: 10, ..Default::default() }).unwrap();
+    let mut it = c
+        .scan(
+            "t",
+            0,
+            0,
+            None,
+            ScanOptions {
+                chunk_items: 10,
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert_eq!(it.next().unwrap().unwrap().len(), 10);
     drop(it);
     assert_eq!(scan_all_two(&c).len(), 40_000);
@@ -298,7 +354,8 @@ fn scans_of_a_table_being_written_see_each_key_once_and_whole_values() {
     // Every row is [x, x, x, x]: a torn value would show different components.
     let row = |x: f32| [x; 4];
     let rows: Vec<f32> = keys.iter().flat_map(|&k| row(k as f32)).collect();
-    c.put("w", Keys::I64(&keys), ValuesRef::F32(&rows), 0).unwrap();
+    c.put("w", Keys::I64(&keys), ValuesRef::F32(&rows), 0)
+        .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
         let (c, stop) = (c.clone(), stop.clone());
@@ -319,7 +376,9 @@ fn scans_of_a_table_being_written_see_each_key_once_and_whole_values() {
         let mut seen = std::collections::HashSet::new();
         for ch in c.scan("w", 0, 0, None, ScanOptions::default()).unwrap() {
             let ch = ch.unwrap();
-            let Values::F32Vec { dim, data } = &ch.values else { panic!() };
+            let Values::F32Vec { dim, data } = &ch.values else {
+                panic!()
+            };
             for i in 0..ch.len() {
                 let r = &data[i * dim..(i + 1) * dim];
                 assert!(r.iter().all(|&x| x == r[0]), "a torn row {r:?}");

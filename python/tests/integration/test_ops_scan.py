@@ -84,7 +84,7 @@ def test_scans_of_bytes_and_vector_tables(grid3: ramgrid.LocalGrid, table_name: 
     order = np.argsort(fk)
     sel = (rows[:, 2] >= 0.25) & (rows[:, 2] < 0.5)
     assert np.array_equal(fk[order], keys[sel]) and np.array_equal(fv[order], rows[sel])
-    top_keys, top_vals = v.top_k(4, column=1, largest=False)
+    _top_keys, top_vals = v.top_k(4, column=1, largest=False)
     assert top_vals.tolist() == np.sort(rows[:, 1].astype(np.float64))[:4].tolist()
 
 
@@ -111,7 +111,7 @@ def test_scan_of_a_table_being_written(grid3: ramgrid.LocalGrid, table_name: str
     keys = np.arange(20_000, dtype=np.int64)
     t.put_many(keys, np.repeat(keys.astype(np.float32)[:, None], 4, axis=1))
     stop = threading.Event()
-    errors: list[BaseException] = []
+    errors: list[Exception] = []
 
     def write() -> None:
         rng = np.random.default_rng(1)
@@ -122,7 +122,7 @@ def test_scan_of_a_table_being_written(grid3: ramgrid.LocalGrid, table_name: str
                 ks = rng.integers(0, 40_000, 300)
                 t.put_many(ks, np.full((ks.size, 4), float(n), np.float32))
                 t.delete_many(rng.integers(0, 40_000, 50))
-        except BaseException as e:  # surfaced below
+        except Exception as e:  # noqa: BLE001 (surfaced below)
             errors.append(e)
 
     w = threading.Thread(target=write)

@@ -293,7 +293,11 @@ impl<'a> Put<'a> {
     }
 }
 
-pub(super) fn read_values<'a>(r: &mut Reader<'a>, vt: ValueType, n: u32) -> Result<Values<'a>, FrameError> {
+pub(super) fn read_values<'a>(
+    r: &mut Reader<'a>,
+    vt: ValueType,
+    n: u32,
+) -> Result<Values<'a>, FrameError> {
     let start = r.pos();
     match vt.width() {
         Some(w) => {

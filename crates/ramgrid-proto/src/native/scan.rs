@@ -129,7 +129,9 @@ impl PageState {
 
     /// The state with the spec's name.
     pub fn from_name(name: &str) -> Option<PageState> {
-        (0..=2).filter_map(PageState::from_u8).find(|s| s.name() == name)
+        (0..=2)
+            .filter_map(PageState::from_u8)
+            .find(|s| s.name() == name)
     }
 }
 
@@ -224,7 +226,11 @@ impl<'a> ScanReply<'a> {
 }
 
 /// Appends a whole SCAN request frame (the client's encoder).
-pub fn encode_scan(out: &mut Vec<u8>, request_id: u64, req: &ScanRequest<'_>) -> Result<(), FrameError> {
+pub fn encode_scan(
+    out: &mut Vec<u8>,
+    request_id: u64,
+    req: &ScanRequest<'_>,
+) -> Result<(), FrameError> {
     let p = Pending::begin(out, Opcode::Scan, 0, request_id);
     req.write(p.out)?;
     p.finish()

@@ -80,18 +80,19 @@ pub(super) fn answer(
     tv.with_partition(p, |view| {
         let generation = view.generation();
         if q.cursor.generation != 0 && q.cursor.generation != generation {
-            return encode_scan_page(out, id, &head(generation, PageState::Changed, 0), 0, |_| {}, |_| {})
-                .map_err(internal);
+            return encode_scan_page(
+                out,
+                id,
+                &head(generation, PageState::Changed, 0),
+                0,
+                |_| {},
+                |_| {},
+            )
+            .map_err(internal);
         }
         let position = usize::try_from(q.cursor.position).unwrap_or(usize::MAX);
-        let pg = page(
-            &view,
-            position,
-            pred.as_ref(),
-            q.max_items as usize,
-            budget,
-        )
-        .map_err(|e| ErrorReply::new(Status::BadRequest, e.to_string()))?;
+        let pg = page(&view, position, pred.as_ref(), q.max_items as usize, budget)
+            .map_err(|e| ErrorReply::new(Status::BadRequest, e.to_string()))?;
         if pg.bytes > frame_room {
             return Err(ErrorReply::new(
                 Status::TooLarge,

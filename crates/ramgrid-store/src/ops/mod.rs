@@ -257,7 +257,9 @@ pub fn validate(op: &Op<'_>, vt: ValueType) -> Result<()> {
             check_component(vt, *column, "top_k")?;
             check_range(vt, pred)?;
             if *k == 0 || *k > MAX_TOP_K {
-                return Err(invalid(format!("top_k needs 1 <= k <= {MAX_TOP_K}, not {k}")));
+                return Err(invalid(format!(
+                    "top_k needs 1 <= k <= {MAX_TOP_K}, not {k}"
+                )));
             }
             Ok(())
         }

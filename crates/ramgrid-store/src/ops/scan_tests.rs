@@ -89,7 +89,12 @@ fn new_table(vt: ValueType) -> Tables {
 }
 
 /// Applies `ops` (key, Some(value) = put, None = delete) to the table and the model.
-fn apply(t: &Tables, vt: ValueType, model: &mut BTreeMap<Vec<u8>, Val>, ops: &[(u16, Option<i64>)]) {
+fn apply(
+    t: &Tables,
+    vt: ValueType,
+    model: &mut BTreeMap<Vec<u8>, Val>,
+    ops: &[(u16, Option<i64>)],
+) {
     let mut st = Vec::new();
     for &(k, v) in ops {
         let key = format!("key{k}").into_bytes();
@@ -101,7 +106,8 @@ fn apply(t: &Tables, vt: ValueType, model: &mut BTreeMap<Vec<u8>, Val>, ops: &[(
                 model.insert(key, val);
             }
             None => {
-                t.delete_batch("t", 0, 0, [key.as_slice()], &mut st).unwrap();
+                t.delete_batch("t", 0, 0, [key.as_slice()], &mut st)
+                    .unwrap();
                 model.remove(&key);
             }
         }
@@ -147,7 +153,10 @@ fn scan_all(
 }
 
 fn ops_strategy() -> impl Strategy<Value = Vec<(u16, Option<i64>)>> {
-    prop::collection::vec((0u16..400, prop::option::weighted(0.8, -1000i64..1000)), 0..600)
+    prop::collection::vec(
+        (0u16..400, prop::option::weighted(0.8, -1000i64..1000)),
+        0..600,
+    )
 }
 
 proptest! {
@@ -232,29 +241,80 @@ fn bad_pages_and_top_k_are_refused() {
     let mut model = BTreeMap::new();
     apply(&t, ValueType::Bytes, &mut model, &[(1, Some(3))]);
     t.with_partition("t", 0, 0, |v| {
-        let r = Range { component: 0, lo: 0.0, hi: 1.0 };
-        assert!(page(&v, 0, Some(&r), 10, 100).is_err(), "a predicate on bytes");
+        let r = Range {
+            component: 0,
+            lo: 0.0,
+            hi: 1.0,
+        };
+        assert!(
+            page(&v, 0, Some(&r), 10, 100).is_err(),
+            "a predicate on bytes"
+        );
         assert!(page(&v, 2, None, 10, 100).is_err(), "a cursor past the end");
         assert!(page(&v, 0, None, 0, 100).is_err(), "no items");
         let p = page(&v, 0, None, 10, 1).unwrap();
-        assert_eq!((p.entries.len(), p.done), (1, true), "one entry over the byte bound still goes");
+        assert_eq!(
+            (p.entries.len(), p.done),
+            (1, true),
+            "one entry over the byte bound still goes"
+        );
     })
     .unwrap();
     let bad = |vt, op: Op<'_>| assert!(validate(&op, vt).is_err(), "{op:?} on {vt:?}");
-    bad(ValueType::Bytes, Op::TopK { column: 0, k: 1, largest: true, pred: None });
-    bad(ValueType::F64, Op::TopK { column: 1, k: 1, largest: true, pred: None });
-    bad(ValueType::F64, Op::TopK { column: 0, k: 0, largest: true, pred: None });
-    bad(ValueType::F64, Op::TopK { column: 0, k: MAX_TOP_K + 1, largest: true, pred: None });
+    bad(
+        ValueType::Bytes,
+        Op::TopK {
+            column: 0,
+            k: 1,
+            largest: true,
+            pred: None,
+        },
+    );
+    bad(
+        ValueType::F64,
+        Op::TopK {
+            column: 1,
+            k: 1,
+            largest: true,
+            pred: None,
+        },
+    );
+    bad(
+        ValueType::F64,
+        Op::TopK {
+            column: 0,
+            k: 0,
+            largest: true,
+            pred: None,
+        },
+    );
+    bad(
+        ValueType::F64,
+        Op::TopK {
+            column: 0,
+            k: MAX_TOP_K + 1,
+            largest: true,
+            pred: None,
+        },
+    );
 }
 
 #[test]
 fn sealing_changes_the_generation_and_then_nothing_does() {
     let t = new_table(ValueType::F64);
     let mut model = BTreeMap::new();
-    apply(&t, ValueType::F64, &mut model, &[(1, Some(3)), (2, Some(4))]);
+    apply(
+        &t,
+        ValueType::F64,
+        &mut model,
+        &[(1, Some(3)), (2, Some(4))],
+    );
     let open = t.with_partition("t", 0, 0, |v| v.generation()).unwrap();
     t.seal_version("t", 1).unwrap();
     let sealed = t.with_partition("t", 1, 0, |v| v.generation()).unwrap();
     assert_ne!(open, sealed);
-    assert_eq!(sealed, t.with_partition("t", 1, 0, |v| v.generation()).unwrap());
+    assert_eq!(
+        sealed,
+        t.with_partition("t", 1, 0, |v| v.generation()).unwrap()
+    );
 }
