@@ -11,7 +11,7 @@ use ramgrid_client::{Predicate, Values};
 
 use super::{to_py, Client};
 
-fn predicate(p: Option<(u32, f64, f64)>) -> Option<Predicate> {
+fn to_predicate(p: Option<(u32, f64, f64)>) -> Option<Predicate> {
     p.map(|(component, lo, hi)| Predicate { component, lo, hi })
 }
 
@@ -95,6 +95,10 @@ fn chunk_tuple(py: Python<'_>, c: Chunk) -> PyResult<Bound<'_, PyTuple>> {
 }
 
 /// Starts a scan of `table` (filtered when `predicate` = (component, lo, hi) is given).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "mirrors the Python keyword arguments"
+)]
 #[pyfunction]
 #[pyo3(signature = (client, table, version=0, incarnation=0, predicate=None, chunk_items=65536, max_restarts=8))]
 pub(crate) fn scan(
@@ -115,13 +119,17 @@ pub(crate) fn scan(
         .allow_threads(|| {
             client
                 .inner
-                .scan(table, version, incarnation, predicate(predicate), opts)
+                .scan(table, version, incarnation, to_predicate(predicate), opts)
         })
         .map_err(|e| to_py(py, e))?;
     Ok(ScanIter { scan: Some(s) })
 }
 
 /// The `k` best items of `table` by column `column`: (list of key bytes, f64 numpy values).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "mirrors the Python keyword arguments"
+)]
 #[pyfunction]
 #[pyo3(signature = (client, table, k, version=0, incarnation=0, column=0, largest=true, predicate=None))]
 pub(crate) fn top_k<'py>(
@@ -144,7 +152,7 @@ pub(crate) fn top_k<'py>(
                 column,
                 k,
                 largest,
-                predicate(predicate),
+                to_predicate(predicate),
             )
         })
         .map_err(|e| to_py(py, e))?;
