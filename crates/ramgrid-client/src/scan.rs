@@ -29,6 +29,9 @@ use crate::ops::{OpResult, OpSpec};
 use crate::round::{Pick, RoundIo};
 use crate::values::Values;
 
+/// What [`Client::top_k`] answers: (key, value of the column), best first.
+pub type TopItems = Vec<(Vec<u8>, f64)>;
+
 /// How a scan cuts and bounds its work.
 #[derive(Debug, Clone, Copy)]
 pub struct ScanOptions {
@@ -218,7 +221,7 @@ impl Client {
         k: u32,
         largest: bool,
         predicate: Option<Predicate>,
-    ) -> Result<(Vec<(Vec<u8>, f64)>, u32)> {
+    ) -> Result<(TopItems, u32)> {
         if k == 0 {
             return Err(Error::InvalidArgument("k must be at least 1".into()));
         }

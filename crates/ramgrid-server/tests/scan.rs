@@ -288,8 +288,8 @@ fn scan_all_two(c: &Client) -> BTreeMap<Vec<u8>, f64> {
     for ch in c.scan("t", 0, 0, None, ScanOptions::default()).unwrap() {
         let ch = ch.unwrap();
         let Values::F64(x) = &ch.values else { panic!() };
-        for i in 0..ch.len() {
-            assert!(out.insert(ch.keys.get(i).to_vec(), x[i]).is_none());
+        for (i, &v) in x.iter().enumerate() {
+            assert!(out.insert(ch.keys.get(i).to_vec(), v).is_none());
         }
     }
     out
