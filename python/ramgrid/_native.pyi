@@ -128,3 +128,33 @@ class PartitionsUnavailable(RamgridError):
 
 class BatchError(RamgridError):
     failures: list[tuple[int, str]]  # (index in the batch, reason) for each refused key
+
+# Scans, filters and top_k (crates/ramgrid-py/src/scan.rs; the Python API is python/ramgrid/scan.py).
+# A chunk is (partition, key_offsets int64[n+1], key_data uint8[], values): values a numpy array for numeric
+# tables (float32 (n, dim) for vectors), or (offsets int64[n+1], data uint8[]) for bytes tables.
+class ScanIter:
+    version: int
+    restarts: int
+    def __iter__(self) -> ScanIter: ...
+    def __next__(self) -> tuple[int, npt.NDArray[np.int64], npt.NDArray[np.uint8], Any]: ...
+    def close(self) -> None: ...
+
+def scan(
+    client: Client,
+    table: str,
+    version: int = 0,
+    incarnation: int = 0,
+    predicate: tuple[int, float, float] | None = None,  # (component, lo, hi): lo <= v < hi
+    chunk_items: int = 65536,
+    max_restarts: int = 8,
+) -> ScanIter: ...
+def top_k(
+    client: Client,
+    table: str,
+    k: int,
+    version: int = 0,
+    incarnation: int = 0,
+    column: int = 0,
+    largest: bool = True,
+    predicate: tuple[int, float, float] | None = None,
+) -> tuple[list[bytes], npt.NDArray[np.float64]]: ...

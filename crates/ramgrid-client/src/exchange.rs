@@ -40,6 +40,8 @@ pub(crate) fn idempotent(op: Opcode) -> bool {
         | Opcode::Metrics
         | Opcode::Get
         | Opcode::Operator
+        // A page is a read; the cursor names where it starts.
+        | Opcode::Scan
         // The same spec again gives the same epoch; sealing a sealed version is answered
         // VERSION_SEALED, which the client takes as done; the same version made current again.
         | Opcode::SetSpec

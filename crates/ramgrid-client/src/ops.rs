@@ -66,6 +66,17 @@ pub enum OpSpec {
         /// `k × components`, centroid by centroid.
         centroids: Vec<f64>,
     },
+    /// The `k` items with the largest (or smallest) values of one numeric column.
+    TopK {
+        /// Component of a vector (0 for scalar tables).
+        column: u32,
+        /// How many.
+        k: u32,
+        /// Largest first; else smallest first.
+        largest: bool,
+        /// Optional range.
+        predicate: Option<Predicate>,
+    },
 }
 
 /// A whole table's result: every partition's partial merged.
@@ -100,6 +111,9 @@ pub enum OpResult {
         /// Summed squared distances.
         inertia: f64,
     },
+    /// The best items over the whole table, best first (equal values by key bytes, smaller
+    /// first): (key, value of the column as f64).
+    TopK(Vec<(Vec<u8>, f64)>),
 }
 
 /// What [`Client::run_op`] answers.
@@ -139,6 +153,17 @@ impl OpSpec {
                 components: *components,
                 centroids: f,
             },
+            OpSpec::TopK {
+                column,
+                k,
+                largest,
+                predicate,
+            } => Operator::TopK {
+                column: *column,
+                k: *k,
+                largest: *largest,
+                predicate: *predicate,
+            },
         }
     }
 
@@ -147,7 +172,7 @@ impl OpSpec {
             OpSpec::Histogram { edges, .. } => f64_bytes(edges),
             OpSpec::LrGradient { weights, .. } => f64_bytes(weights),
             OpSpec::KmeansStep { centroids, .. } => f64_bytes(centroids),
-            OpSpec::Count { .. } | OpSpec::Stats { .. } => Vec::new(),
+            OpSpec::Count { .. } | OpSpec::Stats { .. } | OpSpec::TopK { .. } => Vec::new(),
         }
     }
 
@@ -166,6 +191,8 @@ impl OpSpec {
                 components,
                 centroids,
             } => 24 + 8 * (centroids.len() + centroids.len() / (*components).max(1) as usize),
+            // Keys of up to 54 bytes; longer ones may make a frame's reply TOO_LARGE.
+            OpSpec::TopK { k, .. } => 4 + 64 * *k as usize,
         }
     }
 }
@@ -391,12 +418,32 @@ fn partial_fits(p: &Partial, op: &Operator<'_>) -> bool {
                 && counts.len() == centroids.len() / *c as usize
                 && sums.len() == centroids.len()
         }
+        (Partial::TopK(items), Operator::TopK { k, .. }) => items.len() <= *k as usize,
         _ => true,
     }
 }
 
 /// Every partition's partial merged into the table's result.
 fn merge(op: &OpSpec, parts: impl Iterator<Item = Partial>) -> Result<OpResult> {
+    if let OpSpec::TopK { k, largest, .. } = op {
+        let mut all: Vec<(Vec<u8>, f64)> = parts
+            .flat_map(|p| match p {
+                Partial::TopK(items) => items,
+                _ => Vec::new(),
+            })
+            .collect();
+        all.sort_by(|a, b| {
+            let by = if *largest {
+                b.1.partial_cmp(&a.1)
+            } else {
+                a.1.partial_cmp(&b.1)
+            };
+            by.unwrap_or(std::cmp::Ordering::Equal)
+                .then_with(|| a.0.cmp(&b.0))
+        });
+        all.truncate(*k as usize);
+        return Ok(OpResult::TopK(all));
+    }
     let mut acc: Option<OpResult> = None;
     for p in parts {
         let r = match p {
@@ -422,6 +469,7 @@ fn merge(op: &OpSpec, parts: impl Iterator<Item = Partial>) -> Result<OpResult> 
                 sums,
                 inertia,
             },
+            Partial::TopK(items) => OpResult::TopK(items),
         };
         acc = Some(match acc {
             None => r,

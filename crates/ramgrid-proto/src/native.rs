@@ -16,6 +16,7 @@ mod error;
 mod frame;
 mod message;
 mod ops;
+mod scan;
 mod types;
 mod wire;
 
@@ -37,6 +38,9 @@ pub use message::{encode_error, Request, Response};
 pub use ops::{
     encode_op, f64_bytes, F64s, OpKind, OpReply, OpRequest, Operator, Outcome, Partial, Predicate,
     Stats, U32s, MAX_HISTOGRAM_BINS, MAX_OP_PARTITIONS,
+};
+pub use scan::{
+    encode_scan, encode_scan_page, Cursor, PageHead, PageState, ScanReply, ScanRequest,
 };
 pub use types::{
     Durability, ErrorReply, KeyStatus, Status, TableInfo, ValueType, VersionInfo, MAX_KEY_LEN,

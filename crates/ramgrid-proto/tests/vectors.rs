@@ -214,6 +214,12 @@ fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
                     components: u32_(&f["components"]),
                     centroids: F64s::new(&centroids),
                 },
+                OpKind::TopK => Operator::TopK {
+                    column: u32_(&f["column"]),
+                    k: u32_(&f["k"]),
+                    largest: f["largest"].as_bool().expect("largest"),
+                    predicate: pred,
+                },
             };
             let (t, v, e) = batch_head(f);
             encode_op(
@@ -227,6 +233,24 @@ fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
                 &operator,
             )
             .unwrap();
+        }
+        Opcode::Scan => {
+            let (t, v, e) = batch_head(f);
+            let req = ScanRequest {
+                table: t,
+                version: v,
+                epoch: e,
+                incarnation: u(&f["incarnation"]),
+                partition: u32_(&f["partition"]),
+                cursor: Cursor {
+                    position: u(&f["position"]),
+                    generation: u(&f["generation"]),
+                },
+                max_items: u32_(&f["max_items"]),
+                max_bytes: u32_(&f["max_bytes"]),
+                predicate: predicate_from_json(&f["predicate"]),
+            };
+            encode_scan(&mut out, id, &req).unwrap();
         }
         Opcode::Get | Opcode::Delete => {
             let (t, v, e) = batch_head(f);
@@ -318,7 +342,9 @@ fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
                     offset: u(&f["offset"]),
                     max_len: u32_(&f["max_len"]),
                 }),
-                Opcode::Get | Opcode::Put | Opcode::Delete | Opcode::Operator => unreachable!(),
+                Opcode::Get | Opcode::Put | Opcode::Delete | Opcode::Operator | Opcode::Scan => {
+                    unreachable!()
+                }
             };
             req.encode(&mut out, id).unwrap();
         }
@@ -367,6 +393,45 @@ fn encode_response(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
                 }
             }
             w.finish().unwrap();
+            return out;
+        }
+        Opcode::Scan => {
+            let vt = vt_from_json(&f["value_type"]);
+            let head = PageHead {
+                version: u32_(&f["version"]),
+                incarnation: u(&f["incarnation"]),
+                partition: u32_(&f["partition"]),
+                generation: u(&f["generation"]),
+                state: PageState::from_name(s(&f["state"])).expect("page state"),
+                next: u(&f["next"]),
+                value_type: vt,
+            };
+            let keys: Vec<Vec<u8>> = arr(&f["keys_hex"]).iter().map(|k| unhex(s(k))).collect();
+            let values: Vec<Vec<u8>> = arr(&f["values"])
+                .iter()
+                .map(|v| value_bytes(vt, v))
+                .collect();
+            encode_scan_page(
+                &mut out,
+                id,
+                &head,
+                keys.len(),
+                |o| {
+                    for k in &keys {
+                        o.extend_from_slice(&(k.len() as u16).to_le_bytes());
+                        o.extend_from_slice(k);
+                    }
+                },
+                |o| {
+                    for v in &values {
+                        if vt == ValueType::Bytes {
+                            o.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                        }
+                        o.extend_from_slice(v);
+                    }
+                },
+            )
+            .unwrap();
             return out;
         }
         Opcode::Put | Opcode::Delete => {
@@ -457,6 +522,13 @@ fn request_json(req: &Request<'_>) -> Value {
         Request::SetSpec { spec } => json!({"spec_hex": hex(spec)}),
         Request::Get(b) | Request::Delete(b) => batch(b),
         Request::Operator(o) => op_request_json(o),
+        Request::Scan(q) => json!({
+            "table": q.table, "version": q.version, "epoch": q.epoch, "incarnation": q.incarnation,
+            "partition": q.partition, "position": q.cursor.position,
+            "generation": q.cursor.generation, "max_items": q.max_items,
+            "max_bytes": q.max_bytes,
+            "predicate": q.predicate.map_or(Value::Null, |p| json!({"component": p.component, "lo": p.lo, "hi": p.hi})),
+        }),
         Request::Put(p) => {
             let groups: Vec<Value> = p
                 .groups
@@ -548,6 +620,21 @@ fn response_json(resp: &Response<'_>) -> Value {
         Response::KeyStatuses(ks) => {
             put("statuses", ks.iter().map(|k| json!(k.name())).collect());
         }
+        Response::Scan(r) => {
+            let h = &r.head;
+            put("version", json!(h.version));
+            put("incarnation", json!(h.incarnation));
+            put("partition", json!(h.partition));
+            put("generation", json!(h.generation));
+            put("state", json!(h.state.name()));
+            put("next", json!(h.next));
+            put("value_type", vt_to_json(h.value_type));
+            put("keys_hex", r.keys.map(hex).collect());
+            put(
+                "values",
+                r.values.map(|v| value_json(h.value_type, v)).collect(),
+            );
+        }
         Response::Operator(r) => {
             put("version", json!(r.version));
             put("operator", json!(r.kind.name()));
@@ -611,6 +698,17 @@ fn op_request_json(o: &OpRequest<'_>) -> Value {
             m.insert("components".into(), json!(components));
             m.insert("centroids".into(), json!(centroids.to_vec()));
         }
+        Operator::TopK {
+            column,
+            k,
+            largest,
+            predicate,
+        } => {
+            m.insert("column".into(), json!(column));
+            m.insert("k".into(), json!(k));
+            m.insert("largest".into(), json!(largest));
+            m.insert("predicate".into(), pred(predicate));
+        }
     }
     v
 }
@@ -642,6 +740,10 @@ fn outcome_json((p, o): &(u32, Outcome)) -> Value {
                     inertia,
                 } => json!({
                     "components": components, "counts": counts, "sums": sums, "inertia": inertia,
+                }),
+                Partial::TopK(items) => json!({
+                    "keys_hex": items.iter().map(|(k, _)| hex(k)).collect::<Vec<_>>(),
+                    "values": items.iter().map(|(_, v)| *v).collect::<Vec<_>>(),
                 }),
             };
             json!({"partition": p, "status": "OK", "partial": pj})
@@ -692,6 +794,13 @@ fn op_reply_from_json(f: &Value) -> OpReply {
                     sums: f64s_json(&q["sums"]),
                     inertia: num(&q["inertia"]),
                 },
+                OpKind::TopK => Partial::TopK(
+                    arr(&q["keys_hex"])
+                        .iter()
+                        .zip(arr(&q["values"]))
+                        .map(|(k, v)| (unhex(s(k)), num(v)))
+                        .collect(),
+                ),
             };
             (p, Outcome::Done(partial))
         })
@@ -776,6 +885,8 @@ fn native_frame_vectors() {
     let mut seen = check_frame_file("native.json");
     // OPERATOR's vectors are in operators.json (section 10 of the spec).
     seen.extend(check_frame_file("operators.json"));
+    // SCAN's are in scan.json (section 11).
+    seen.extend(check_frame_file("scan.json"));
     for op in Opcode::ALL {
         for response in [false, true] {
             assert!(
@@ -790,6 +901,11 @@ fn native_frame_vectors() {
 #[test]
 fn operator_bad_frame_vectors() {
     check_bad_frames("operators.json");
+}
+
+#[test]
+fn scan_bad_frame_vectors() {
+    check_bad_frames("scan.json");
 }
 
 #[test]

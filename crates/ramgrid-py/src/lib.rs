@@ -3,6 +3,7 @@
 //! the contract is `python/ramgrid/_native.pyi`.
 
 mod ops;
+mod scan;
 
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use ramgrid_client::{
     parse_type, type_name, Ack, Client as RustClient, ClientConfig, Durability, Error, ErrorKind,
     Keys, MoveReport, TableDescription, ValueType, Values, ValuesRef,
 };
+
 
 create_exception!(
     ramgrid._native,
@@ -973,6 +975,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run_server, m)?)?;
     m.add_function(wrap_pyfunction!(partition_of, m)?)?;
     m.add_function(wrap_pyfunction!(ops::run_op, m)?)?;
+    m.add_class::<scan::ScanIter>()?;
+    m.add_function(wrap_pyfunction!(scan::scan, m)?)?;
+    m.add_function(wrap_pyfunction!(scan::top_k, m)?)?;
     m.add("RamgridError", py.get_type::<RamgridError>())?;
     m.add("ConnectionFailed", py.get_type::<ConnectionFailed>())?;
     m.add("ServerRefused", py.get_type::<ServerRefused>())?;

@@ -753,6 +753,14 @@ impl<'a> PartitionView<'a> {
         self.data.len()
     }
 
+    /// The partition's write generation: changes with every write to it (insert, overwrite,
+    /// delete) and when its version is sealed, and never otherwise; never 0. Two views with the
+    /// same generation saw the same entries in the same order, so a scan can page through a
+    /// partition across several locks and still read one moment of it.
+    pub fn generation(&self) -> u64 {
+        self.data.generation()
+    }
+
     /// Whether the partition holds no keys.
     pub fn is_empty(&self) -> bool {
         self.data.len() == 0

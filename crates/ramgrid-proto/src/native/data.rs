@@ -136,7 +136,7 @@ fn skip_keys(r: &mut Reader<'_>) -> Result<usize, FrameError> {
 }
 
 /// Reads a key count and returns the keys' span as a [`Keys`] view.
-fn read_keys<'a>(r: &mut Reader<'a>) -> Result<Keys<'a>, FrameError> {
+pub(super) fn read_keys<'a>(r: &mut Reader<'a>) -> Result<Keys<'a>, FrameError> {
     let n = r.u32("key count")?;
     let start = r.pos();
     for _ in 0..n {
@@ -191,6 +191,13 @@ impl PartialEq for Keys<'_> {
     }
 }
 impl Eq for Keys<'_> {}
+
+impl<'a> Keys<'a> {
+    /// The keys not read yet, in their wire form (u16 length + bytes each).
+    pub fn raw(&self) -> &'a [u8] {
+        self.r.rest()
+    }
+}
 
 impl<'a> Iterator for Keys<'a> {
     type Item = &'a [u8];
@@ -286,7 +293,11 @@ impl<'a> Put<'a> {
     }
 }
 
-fn read_values<'a>(r: &mut Reader<'a>, vt: ValueType, n: u32) -> Result<Values<'a>, FrameError> {
+pub(super) fn read_values<'a>(
+    r: &mut Reader<'a>,
+    vt: ValueType,
+    n: u32,
+) -> Result<Values<'a>, FrameError> {
     let start = r.pos();
     match vt.width() {
         Some(w) => {
@@ -403,6 +414,11 @@ impl<'a> Values<'a> {
     /// For fixed-width types, all remaining values as one packed little-endian array.
     pub fn packed(&self) -> Option<&'a [u8]> {
         self.width.map(|_| self.r.rest())
+    }
+
+    /// The values not read yet, in their wire form (packed, or u32 length + bytes each).
+    pub fn raw(&self) -> &'a [u8] {
+        self.r.rest()
     }
 }
 

@@ -22,8 +22,8 @@ pub fn is_native_first_byte(first: u8) -> bool {
 /// What a frame asks for. A response carries the opcode of its request.
 ///
 /// Not `#[non_exhaustive]` on purpose: the server matches on it exhaustively, so a new opcode
-/// is a compile error there until it is handled. 0x40..=0x4F are operators (0x40 OPERATOR; the
-/// others reserved and parsed as [`FrameError::UnknownOpcode`] until they exist).
+/// is a compile error there until it is handled. 0x40..=0x4F are operators (0x40 OPERATOR, 0x41
+/// SCAN; the others reserved and parsed as [`FrameError::UnknownOpcode`] until they exist).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Opcode {
@@ -65,13 +65,15 @@ pub enum Opcode {
     Delete = 0x32,
     /// An operator run at the data over some partitions (count, stats, histogram, gradients).
     Operator = 0x40,
+    /// One page of a plain or filtered scan of one partition (stateless cursor).
+    Scan = 0x41,
     /// This server's figures (server-wide and per table) as Prometheus text.
     Metrics = 0x50,
 }
 
 impl Opcode {
     /// Every assigned opcode, in wire order.
-    pub const ALL: [Opcode; 20] = [
+    pub const ALL: [Opcode; 21] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::CreateTable,
@@ -92,6 +94,7 @@ impl Opcode {
         Opcode::Delete,
         Opcode::Metrics,
         Opcode::Operator,
+        Opcode::Scan,
     ];
 
     /// The opcode for a header byte, if assigned.
@@ -122,6 +125,7 @@ impl Opcode {
             Opcode::Delete => "DELETE",
             Opcode::Metrics => "METRICS",
             Opcode::Operator => "OPERATOR",
+            Opcode::Scan => "SCAN",
         }
     }
 

@@ -7,6 +7,7 @@ use super::data::{GetReply, KeyBatch, KeyStatuses, Put};
 use super::error::FrameError;
 use super::frame::{Frame, Opcode, Pending, FLAG_RESPONSE};
 use super::ops::{OpReply, OpRequest};
+use super::scan::{ScanReply, ScanRequest};
 use super::types::{ErrorReply, Status, TableInfo};
 use super::wire::{self, put_u32, put_u64, put_u8, Reader};
 
@@ -66,6 +67,8 @@ pub enum Request<'a> {
     Delete(KeyBatch<'a>),
     /// OPERATOR.
     Operator(OpRequest<'a>),
+    /// SCAN.
+    Scan(ScanRequest<'a>),
 }
 
 impl<'a> Request<'a> {
@@ -112,6 +115,7 @@ impl<'a> Request<'a> {
             },
             Opcode::Metrics => Request::Metrics,
             Opcode::Operator => Request::Operator(OpRequest::read(&mut r)?),
+            Opcode::Scan => Request::Scan(ScanRequest::read(&mut r)?),
             Opcode::Get | Opcode::Put | Opcode::Delete => unreachable!("handled above"),
         };
         r.finish()?;
@@ -141,6 +145,7 @@ impl<'a> Request<'a> {
             Request::Put(_) => Opcode::Put,
             Request::Delete(_) => Opcode::Delete,
             Request::Operator(_) => Opcode::Operator,
+            Request::Scan(_) => Opcode::Scan,
         }
     }
 
@@ -174,6 +179,7 @@ impl<'a> Request<'a> {
             Request::Get(b) | Request::Delete(b) => b.write_body(out)?,
             Request::Put(b) => b.write_body(out)?,
             Request::Operator(o) => o.write(out)?,
+            Request::Scan(s) => s.write(out)?,
         }
         p.finish()
     }
@@ -214,6 +220,8 @@ pub enum Response<'a> {
     KeyStatuses(KeyStatuses<'a>),
     /// OK to OPERATOR.
     Operator(OpReply),
+    /// OK to SCAN: one page.
+    Scan(ScanReply<'a>),
 }
 
 impl<'a> Response<'a> {
@@ -269,6 +277,7 @@ impl<'a> Response<'a> {
                 Opcode::Get => Response::Get(GetReply::read(&mut r)?),
                 Opcode::Put | Opcode::Delete => Response::KeyStatuses(KeyStatuses::read(&mut r)?),
                 Opcode::Operator => Response::Operator(OpReply::read(&mut r)?),
+                Opcode::Scan => Response::Scan(ScanReply::read(&mut r)?),
             }
         };
         r.finish()?;
@@ -302,6 +311,7 @@ impl<'a> Response<'a> {
             Response::Get(_) => opcode == O::Get,
             Response::KeyStatuses(_) => matches!(opcode, O::Put | O::Delete),
             Response::Operator(_) => opcode == O::Operator,
+            Response::Scan(_) => opcode == O::Scan,
         }
     }
 
@@ -351,6 +361,7 @@ impl<'a> Response<'a> {
             Response::Get(g) => g.write(out)?,
             Response::KeyStatuses(k) => k.write(out)?,
             Response::Operator(o) => o.write(out)?,
+            Response::Scan(s) => s.write(out)?,
         }
         p.finish()
     }

@@ -125,6 +125,17 @@ pub enum Operator<'a> {
         /// `k × components` numbers, centroid by centroid.
         centroids: F64s<'a>,
     },
+    /// The `k` items with the largest (or smallest) values of one numeric column, as (key, value).
+    TopK {
+        /// Which component of a vector (0 for scalar tables).
+        column: u32,
+        /// How many, at least 1.
+        k: u32,
+        /// Largest first; else smallest first.
+        largest: bool,
+        /// Optional value range.
+        predicate: Option<Predicate>,
+    },
 }
 
 /// The operator codes (the `u8` after the partitions).
@@ -141,6 +152,8 @@ pub enum OpKind {
     LrGradient = 4,
     /// [`Operator::KmeansStep`].
     KmeansStep = 5,
+    /// [`Operator::TopK`].
+    TopK = 6,
 }
 
 impl OpKind {
@@ -152,6 +165,7 @@ impl OpKind {
             3 => OpKind::Histogram,
             4 => OpKind::LrGradient,
             5 => OpKind::KmeansStep,
+            6 => OpKind::TopK,
             _ => return None,
         })
     }
@@ -164,12 +178,13 @@ impl OpKind {
             OpKind::Histogram => "HISTOGRAM",
             OpKind::LrGradient => "LR_GRADIENT",
             OpKind::KmeansStep => "KMEANS_STEP",
+            OpKind::TopK => "TOP_K",
         }
     }
 
     /// The kind with the spec's name.
     pub fn from_name(name: &str) -> Option<OpKind> {
-        (1..=5)
+        (1..=6)
             .filter_map(OpKind::from_u8)
             .find(|k| k.name() == name)
     }
@@ -184,6 +199,7 @@ impl Operator<'_> {
             Operator::Histogram { .. } => OpKind::Histogram,
             Operator::LrGradient { .. } => OpKind::LrGradient,
             Operator::KmeansStep { .. } => OpKind::KmeansStep,
+            Operator::TopK { .. } => OpKind::TopK,
         }
     }
 }
@@ -228,7 +244,7 @@ pub struct OpRequest<'a> {
     pub op: Operator<'a>,
 }
 
-fn read_predicate(r: &mut Reader<'_>) -> Result<Option<Predicate>, FrameError> {
+pub(super) fn read_predicate(r: &mut Reader<'_>) -> Result<Option<Predicate>, FrameError> {
     if !r.bool("predicate present")? {
         return Ok(None);
     }
@@ -239,7 +255,7 @@ fn read_predicate(r: &mut Reader<'_>) -> Result<Option<Predicate>, FrameError> {
     }))
 }
 
-fn put_predicate(out: &mut Vec<u8>, p: &Option<Predicate>) {
+pub(super) fn put_predicate(out: &mut Vec<u8>, p: &Option<Predicate>) {
     match p {
         None => put_u8(out, 0),
         Some(p) => {
@@ -320,6 +336,12 @@ impl<'a> OpRequest<'a> {
                     centroids: read_f64s(r, n, "centroids")?,
                 }
             }
+            OpKind::TopK => Operator::TopK {
+                column: r.u32("column")?,
+                k: r.u32("k")?,
+                largest: r.bool("largest")?,
+                predicate: read_predicate(r)?,
+            },
         };
         Ok(OpRequest {
             table,
@@ -374,6 +396,17 @@ impl<'a> OpRequest<'a> {
                 put_u32(out, *components);
                 put_u32(out, count_u32(k, "centroid count")?);
                 put_f64s(out, centroids);
+            }
+            Operator::TopK {
+                column,
+                k,
+                largest,
+                predicate,
+            } => {
+                put_u32(out, *column);
+                put_u32(out, *k);
+                put_u8(out, u8::from(*largest));
+                put_predicate(out, predicate);
             }
         }
         Ok(())
@@ -496,6 +529,8 @@ pub enum Partial {
         /// Sum of each row's squared distance to its centroid.
         inertia: f64,
     },
+    /// TOP_K: the partition's best items, best first, as (key, value of the column).
+    TopK(Vec<(Vec<u8>, f64)>),
 }
 
 impl Partial {
@@ -507,6 +542,7 @@ impl Partial {
             Partial::Histogram(_) => OpKind::Histogram,
             Partial::LrGradient { .. } => OpKind::LrGradient,
             Partial::KmeansStep { .. } => OpKind::KmeansStep,
+            Partial::TopK(_) => OpKind::TopK,
         }
     }
 
@@ -518,6 +554,7 @@ impl Partial {
             Partial::Histogram(c) => 4 + 8 * c.len(),
             Partial::LrGradient { gradient, .. } => 20 + 8 * gradient.len(),
             Partial::KmeansStep { counts, sums, .. } => 16 + 8 * (counts.len() + sums.len()),
+            Partial::TopK(items) => 4 + items.iter().map(|(k, _)| 10 + k.len()).sum::<usize>(),
         }
     }
 
@@ -569,6 +606,13 @@ impl Partial {
                     put_u64(out, x.to_bits());
                 }
                 put_u64(out, inertia.to_bits());
+            }
+            Partial::TopK(items) => {
+                put_u32(out, count_u32(items.len(), "top_k count")?);
+                for (key, v) in items {
+                    wire::put_bytes16(out, key, "key over 64 KiB")?;
+                    put_u64(out, v.to_bits());
+                }
             }
         }
         Ok(())
@@ -626,6 +670,19 @@ impl Partial {
                     sums,
                     inertia: f(r, "inertia")?,
                 }
+            }
+            OpKind::TopK => {
+                let n = r.u32("top_k count")? as usize;
+                // An item is at least 10 bytes (key length and value).
+                if n > r.remaining() / 10 {
+                    return Err(FrameError::Truncated("top_k items"));
+                }
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let key = r.bytes16("top_k key")?.to_vec();
+                    items.push((key, f(r, "top_k value")?));
+                }
+                Partial::TopK(items)
             }
         })
     }

@@ -351,7 +351,7 @@ fn header_errors_are_distinct_and_early() {
         parse_frame(&o, 10).map(|(f, n)| (f.opcode, n))
     };
     assert_eq!(with(1, 2), Err(FrameError::UnsupportedVersion(2)));
-    assert_eq!(with(2, 0x41), Err(FrameError::UnknownOpcode(0x41)));
+    assert_eq!(with(2, 0x42), Err(FrameError::UnknownOpcode(0x42)));
     assert_eq!(with(3, 0x02), Err(FrameError::BadFlags(0x02)));
     // A huge announced body is refused from the header alone, before any of it arrives.
     assert_eq!(

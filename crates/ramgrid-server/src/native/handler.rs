@@ -115,6 +115,7 @@ impl Conn {
                 self.data(state, id, req, out, room)
             }
             Request::Operator(_) => super::ops::answer(state, id, req, out),
+            Request::Scan(_) => super::scan::answer(state, id, req, out),
         }
     }
 

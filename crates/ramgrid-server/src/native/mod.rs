@@ -13,7 +13,8 @@
 //! Layout: `conn.rs` is the connection loop (frames in, replies out, buffer budget), `handler.rs`
 //! the per-connection state and the dispatch of one request, then one file per family of requests:
 //! `tables.rs` (catalog and versions), `cluster.rs` (spec, status, export, metrics), `data.rs`
-//! (GET, PUT, DELETE), `ops.rs` (OPERATOR: operators run at the data, exact or refused);
+//! (GET, PUT, DELETE), `ops.rs` (OPERATOR: operators run at the data, exact or refused), `scan.rs` (SCAN: pages of a
+//! plain or filtered scan, one moment per partition);
 //! `checks.rs` holds the refusals every data request makes before it touches a key, `convert.rs`
 //! the mapping between the store's types and the wire's.
 
@@ -33,6 +34,7 @@ mod convert;
 mod data;
 mod handler;
 mod ops;
+mod scan;
 mod tables;
 
 pub use crate::cluster::{held_partitions, ClusterState};

@@ -69,6 +69,16 @@ pub(super) fn answer(
         ));
     }
     let per = partial_len(&o.op, tv.value_type()) + 5;
+    if per + REPLY_SLACK > state.max_body {
+        // One partition's answer alone cannot fit: no split of the request helps.
+        return Err(ErrorReply::new(
+            Status::BadRequest,
+            format!(
+                "one partition's answer would take at least {per} bytes, over the {} byte frame limit: ask for fewer items (k)",
+                state.max_body
+            ),
+        ));
+    }
     let bound = per.saturating_mul(o.partitions.len()) + REPLY_SLACK;
     if bound > state.max_body {
         return Err(ErrorReply::new(
@@ -101,6 +111,17 @@ pub(super) fn answer(
         kind: o.op.kind(),
         results,
     };
+    // TOP_K's size depends on its keys: the bound above was a floor.
+    if reply.wire_len() + REPLY_SLACK > state.max_body {
+        return Err(ErrorReply::new(
+            Status::TooLarge,
+            format!(
+                "the reply would take {} bytes, over the {} byte limit: ask for fewer partitions or items at once",
+                reply.wire_len(),
+                state.max_body
+            ),
+        ));
+    }
     Response::Operator(reply)
         .encode(out, wire::Opcode::Operator, id)
         .map_err(|e| ErrorReply::new(Status::Internal, e.to_string()))
@@ -157,7 +178,7 @@ impl Arrays {
             Operator::Histogram { edges, .. } => edges.to_vec(),
             Operator::LrGradient { weights } => weights.to_vec(),
             Operator::KmeansStep { centroids, .. } => centroids.to_vec(),
-            Operator::Count { .. } | Operator::Stats { .. } => Vec::new(),
+            Operator::Count { .. } | Operator::Stats { .. } | Operator::TopK { .. } => Vec::new(),
         })
     }
 }
@@ -191,6 +212,17 @@ fn store_op<'a>(op: &Operator<'_>, arrays: &'a Arrays) -> Op<'a> {
             components: *components,
             centroids: &arrays.0,
         },
+        Operator::TopK {
+            column,
+            k,
+            largest,
+            predicate,
+        } => Op::TopK {
+            column: *column,
+            k: *k,
+            largest: *largest,
+            pred: range(predicate),
+        },
     }
 }
 
@@ -212,6 +244,8 @@ fn partial_len(op: &Operator<'_>, vt: ramgrid_store::tables::ValueType) -> usize
             let k = centroids.len() / (*components).max(1) as usize;
             24 + 8 * (k + centroids.len())
         }
+        // At least: the keys' lengths are known only after the pass (checked then).
+        Operator::TopK { k, .. } => 4 + 10 * *k as usize,
     }
 }
 
@@ -249,5 +283,6 @@ fn wire_partial(p: OpOutput, op: &Operator<'_>) -> Partial {
             sums,
             inertia,
         },
+        OpOutput::TopK(items) => Partial::TopK(items),
     }
 }

@@ -9,8 +9,10 @@ mod count;
 mod histogram;
 mod kmeans;
 mod lr;
+pub mod scan;
 mod simd;
 mod stats;
+mod topk;
 
 use crate::tables::{PartitionView, ValueType};
 use crate::{Error, Result};
@@ -65,6 +67,17 @@ pub enum Op<'a> {
         /// `k × components`, centroid by centroid.
         centroids: &'a [f64],
     },
+    /// The `k` entries with the largest (or smallest) values of one numeric column.
+    TopK {
+        /// Component of a vector (0 for scalars).
+        column: u32,
+        /// How many, 1..=[`MAX_TOP_K`].
+        k: u32,
+        /// Largest first (else smallest first).
+        largest: bool,
+        /// Optional range.
+        pred: Option<Range>,
+    },
 }
 
 /// One partition's partial result.
@@ -99,7 +112,12 @@ pub enum OpOutput {
         /// Sum of squared distances to the nearest centroid.
         inertia: f64,
     },
+    /// The best entries, best first (ties by key bytes, smaller first): (key, value).
+    TopK(Vec<(Vec<u8>, f64)>),
 }
+
+/// Most entries a TOP_K asks for.
+pub const MAX_TOP_K: u32 = 1 << 20;
 
 /// Most numbers a k-means request's centroids may hold (k × components).
 pub const MAX_CENTROID_VALUES: usize = 1 << 20;
@@ -135,7 +153,7 @@ fn check_component(vt: ValueType, c: u32, what: &str) -> Result<()> {
     Ok(())
 }
 
-fn check_range(vt: ValueType, r: &Option<Range>) -> Result<()> {
+pub(crate) fn check_range(vt: ValueType, r: &Option<Range>) -> Result<()> {
     if let Some(r) = r {
         check_component(vt, r.component, "the predicate")?;
         if r.lo.is_nan() || r.hi.is_nan() {
@@ -233,6 +251,18 @@ pub fn validate(op: &Op<'_>, vt: ValueType) -> Result<()> {
             }
             check_finite(centroids, "centroids")
         }
+        Op::TopK {
+            column, k, pred, ..
+        } => {
+            check_component(vt, *column, "top_k")?;
+            check_range(vt, pred)?;
+            if *k == 0 || *k > MAX_TOP_K {
+                return Err(invalid(format!(
+                    "top_k needs 1 <= k <= {MAX_TOP_K}, not {k}"
+                )));
+            }
+            Ok(())
+        }
     }
 }
 
@@ -269,6 +299,17 @@ pub fn run(op: &Op<'_>, view: &PartitionView<'_>) -> Result<OpOutput> {
                 inertia,
             }
         }
+        Op::TopK {
+            column,
+            k,
+            largest,
+            pred,
+        } => OpOutput::TopK(
+            topk::top_k(view, *column, *k as usize, *largest, pred.as_ref())
+                .into_iter()
+                .map(|(i, v)| (view.key(i as usize).to_vec(), v))
+                .collect(),
+        ),
     })
 }
 
@@ -309,5 +350,7 @@ impl<'a> Col<'a> {
     }
 }
 
+#[cfg(test)]
+mod scan_tests;
 #[cfg(test)]
 mod tests;

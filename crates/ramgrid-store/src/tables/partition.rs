@@ -220,6 +220,13 @@ fn shrink_vec<T>(v: &mut Vec<T>) -> bool {
     }
 }
 
+/// A generation no partition data of this process started at: each new data gets a base
+/// 2^32 above the previous one, so two datas' generations meet only after 2^32 writes to one.
+fn next_generation_base() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) << 32
+}
+
 /// Storage of one partition of one version. Never shared mutably without the slot's lock.
 #[derive(Debug)]
 pub(crate) struct PartData {
@@ -229,6 +236,12 @@ pub(crate) struct PartData {
     pub(crate) key_garbage: usize,
     pub(crate) index: Index,
     pub(crate) col: Column,
+    /// Write generation: changes with every insert, overwrite and delete (and when the data is
+    /// frozen, which may renumber entries), never otherwise. A paged scan compares it between
+    /// pages to know it still reads one moment. Starts at a value no other partition data of this
+    /// process started at (see [`next_generation_base`]), so data replaced whole (a repair)
+    /// never repeats a generation the old data had.
+    generation: u64,
     /// Bytes charged to the meter for this partition; always equals `self.allocated()` between calls.
     charged: usize,
     meter: Arc<Meter>,
@@ -261,6 +274,7 @@ impl PartData {
             key_garbage: 0,
             index: Index::new(),
             col,
+            generation: next_generation_base(),
             charged: 0,
             meter,
         }
@@ -282,11 +296,17 @@ impl PartData {
             key_garbage: 0,
             index,
             col,
+            generation: next_generation_base(),
             charged: 0,
             meter,
         };
         d.settle(charged_ahead);
         d
+    }
+
+    /// The write generation (see the field): equal between two reads iff nothing changed.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Number of live entries.
@@ -493,6 +513,9 @@ impl PartData {
             Some(i) => self.overwrite(i, value, rec),
             None => self.insert(key, hash, value, rec),
         };
+        if st == KeyStatus::Ok {
+            self.generation = self.generation.wrapping_add(1);
+        }
         self.debug_check();
         st
     }
@@ -700,6 +723,7 @@ impl PartData {
             set_entry(&mut self.keys, self.key_offs[last], i);
         }
         self.key_offs.swap_remove(i);
+        self.generation = self.generation.wrapping_add(1);
         match &mut self.col {
             Column::I64(v) => {
                 v.swap_remove(i);
@@ -909,6 +933,8 @@ impl PartData {
     /// Make the data final: drop garbage and excess capacity so a sealed version holds only what
     /// it uses.
     pub(crate) fn freeze(&mut self) {
+        // Compaction may renumber entries: a scan paging through the open data must start again.
+        self.generation = self.generation.wrapping_add(1);
         if self.key_garbage > 0 {
             self.compact_keys();
         }

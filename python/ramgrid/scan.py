@@ -1,0 +1,154 @@
+"""Scans, filters and top_k over a whole table: the `_Scans` mixin of `Table` and `PinnedTable`.
+
+A scan reads every item of one version of a table in chunks, one partition at a time, without knowing its keys.
+Each partition's items are of one moment of it (never torn, never a key twice): the servers page it and the client
+starts a partition again if it is written between two pages (docs/ARCHITECTURE.md). Stopping early (leaving the
+loop, `close()`, dropping the iterator) cancels it; the servers keep nothing between pages.
+
+Chunks are `(keys, values)`:
+
+- `keys`: a `pyarrow.LargeBinaryArray` built on the buffers the native module returns (no Python object per key,
+  which is what makes 10 M-item scans cheap). `keys.to_pylist()` gives bytes; keys written as Python ints are their
+  8-byte little-endian encoding, and `int_keys(keys)` views them as an int64 numpy array without a copy.
+- `values`: a float64 / int64 numpy array, a float32 array of shape (n, dim) for vector tables, or a
+  `pyarrow.LargeBinaryArray` for bytes tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+__all__ = ["int_keys"]
+
+
+def _binary(offsets: np.ndarray, data: np.ndarray) -> Any:
+    import pyarrow as pa
+
+    n = len(offsets) - 1
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def int_keys(keys: Any) -> np.ndarray:
+    """The int64 keys of a chunk whose keys were written as Python ints (each key 8 bytes), as a numpy view."""
+    import pyarrow as pa
+
+    arr = keys if isinstance(keys, pa.Array) else pa.array(keys, pa.large_binary())
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int64, count=len(arr) + 1, offset=arr.offset * 8)
+    if len(arr) and not (np.diff(offsets) == 8).all():
+        raise ValueError("not every key is 8 bytes: these keys were not written as ints")
+    data = np.frombuffer(bufs[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
+    return data.view("<i8")
+
+
+def _predicate(where: Any) -> tuple[int, float, float]:
+    """(component, lo, hi) from `(lo, hi)` or `dict(column=.., lo=.., hi=..)`; a missing bound is unbounded."""
+    if isinstance(where, dict):
+        unknown = set(where) - {"column", "lo", "hi"}
+        if unknown:
+            raise ValueError(f"unknown keys in where: {sorted(unknown)} (use column, lo, hi)")
+        column, lo, hi = where.get("column", 0), where.get("lo"), where.get("hi")
+    elif isinstance(where, (tuple, list)) and len(where) == 2:
+        column, (lo, hi) = 0, where
+    else:
+        raise ValueError("where is (lo, hi) or dict(column=.., lo=.., hi=..): selects lo <= value < hi")
+    lo = -np.inf if lo is None else float(lo)
+    hi = np.inf if hi is None else float(hi)
+    if np.isnan(lo) or np.isnan(hi):
+        raise ValueError("a bound of where is NaN")
+    if not isinstance(column, (int, np.integer)) or column < 0:
+        raise ValueError(f"column must be a non-negative int, not {column!r}")
+    return int(column), lo, hi
+
+
+class ScanChunks:
+    """An iterator of `(keys, values)` chunks (see the module). `version` is the version read, `restarts` how many
+    partitions were read again because they were written during the scan."""
+
+    def __init__(self, it: Any) -> None:
+        self._it = it
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        return self
+
+    def __next__(self) -> tuple[Any, Any]:
+        _partition, offsets, data, values = next(self._it)
+        keys = _binary(offsets, data)
+        if isinstance(values, tuple):
+            values = _binary(*values)
+        return keys, values
+
+    @property
+    def version(self) -> int:
+        return int(self._it.version)
+
+    @property
+    def restarts(self) -> int:
+        return int(self._it.restarts)
+
+    def close(self) -> None:
+        """Stops the scan; nothing is left to clean up on the servers."""
+        self._it.close()
+
+    def __enter__(self) -> ScanChunks:  # noqa: PYI034 (final in practice; Self needs 3.11)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Scans:
+    """Whole-table reads: `scan`, `filter`, `top_k`. Mixed into Table (current version) and PinnedTable."""
+
+    name: str
+    _read_version: int = 0
+    _read_incarnation: int = 0
+
+    if TYPE_CHECKING:
+
+        def _client(self) -> Any: ...  # the handle classes' (`_Reader._client`)
+
+    def scan(self, chunk_items: int = 65536) -> ScanChunks:
+        """Every item of the table, in chunks of at most `chunk_items`, partition by partition (see the module)."""
+        if int(chunk_items) < 1:
+            raise ValueError("chunk_items must be at least 1")
+        from ramgrid import _native
+
+        it = _native.scan(self._client(), self.name, self._read_version, self._read_incarnation, None, int(chunk_items))
+        return ScanChunks(it)
+
+    def filter(self, where: Any, chunk_items: int = 65536) -> ScanChunks:
+        """The items whose value satisfies `lo <= value < hi`, chunked as `scan`. `where` is `(lo, hi)` (on the value
+        of a numeric table) or `dict(column=.., lo=.., hi=..)` (component `column` of a vector table); `None` for a
+        bound leaves it open. The test runs on the servers, over the table's typed column."""
+        if int(chunk_items) < 1:
+            raise ValueError("chunk_items must be at least 1")
+        pred = _predicate(where)
+        from ramgrid import _native
+
+        it = _native.scan(self._client(), self.name, self._read_version, self._read_incarnation, pred, int(chunk_items))
+        return ScanChunks(it)
+
+    def top_k(self, k: int, column: int = 0, largest: bool = True, where: Any = None) -> tuple[list[bytes], np.ndarray]:
+        """The `k` items with the largest (or, `largest=False`, smallest) values of `column` (component of a vector
+        table; 0 otherwise), best first, equal values by key bytes: `(keys as bytes, values as float64)`. NaN values
+        are never selected; int64 values beyond 2**53 are rounded (they travel as float64)."""
+        if int(k) < 1:
+            raise ValueError("k must be at least 1")
+        pred = None if where is None else _predicate(where)
+        from ramgrid import _native
+
+        keys, values = _native.top_k(
+            self._client(),
+            self.name,
+            int(k),
+            self._read_version,
+            self._read_incarnation,
+            int(column),
+            bool(largest),
+            pred,
+        )
+        return list(keys), values
