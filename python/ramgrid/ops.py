@@ -48,11 +48,11 @@ def _where(where: WhereLike) -> tuple[int, float, float] | None:
             math.inf if where.get("hi") is None else float(where["hi"]),
             int(where.get("column", 0)),
         )
-    elif isinstance(where, tuple) and len(where) == 2:
+    elif isinstance(where, (tuple, list)) and len(where) == 2:
         lo, hi = where
         w = Where(-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi))
     else:
-        raise TypeError(f"where must be (lo, hi), a dict or a Where, not {where!r}")
+        raise ValueError(f"where must be (lo, hi), a dict or a Where (selects lo <= value < hi), not {where!r}")
     if math.isnan(w.lo) or math.isnan(w.hi):
         raise ValueError("where: a bound is NaN")
     if w.column < 0:

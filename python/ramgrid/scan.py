@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ramgrid.ops import _where
+
 __all__ = ["int_keys"]
 
 
@@ -42,26 +44,6 @@ def int_keys(keys: Any) -> np.ndarray:
         raise ValueError("not every key is 8 bytes: these keys were not written as ints")
     data = np.frombuffer(bufs[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
     return data.view("<i8")
-
-
-def _predicate(where: Any) -> tuple[int, float, float]:
-    """(component, lo, hi) from `(lo, hi)` or `dict(column=.., lo=.., hi=..)`; a missing bound is unbounded."""
-    if isinstance(where, dict):
-        unknown = set(where) - {"column", "lo", "hi"}
-        if unknown:
-            raise ValueError(f"unknown keys in where: {sorted(unknown)} (use column, lo, hi)")
-        column, lo, hi = where.get("column", 0), where.get("lo"), where.get("hi")
-    elif isinstance(where, (tuple, list)) and len(where) == 2:
-        column, (lo, hi) = 0, where
-    else:
-        raise ValueError("where is (lo, hi) or dict(column=.., lo=.., hi=..): selects lo <= value < hi")
-    lo = -np.inf if lo is None else float(lo)
-    hi = np.inf if hi is None else float(hi)
-    if np.isnan(lo) or np.isnan(hi):
-        raise ValueError("a bound of where is NaN")
-    if not isinstance(column, (int, np.integer)) or column < 0:
-        raise ValueError(f"column must be a non-negative int, not {column!r}")
-    return int(column), lo, hi
 
 
 class ScanChunks:
@@ -126,7 +108,9 @@ class _Scans:
         bound leaves it open. The test runs on the servers, over the table's typed column."""
         if int(chunk_items) < 1:
             raise ValueError("chunk_items must be at least 1")
-        pred = _predicate(where)
+        pred = _where(where)
+        if pred is None:
+            raise ValueError("filter needs a where: (lo, hi), a dict or a Where")
         from ramgrid import _native
 
         it = _native.scan(self._client(), self.name, self._read_version, self._read_incarnation, pred, int(chunk_items))
@@ -138,7 +122,7 @@ class _Scans:
         are never selected; int64 values beyond 2**53 are rounded (they travel as float64)."""
         if int(k) < 1:
             raise ValueError("k must be at least 1")
-        pred = None if where is None else _predicate(where)
+        pred = _where(where)
         from ramgrid import _native
 
         keys, values = _native.top_k(

@@ -16,6 +16,7 @@
 
 #![warn(missing_docs)]
 
+mod admin;
 mod client;
 mod conn;
 mod deadline;
@@ -32,6 +33,7 @@ mod read;
 mod round;
 pub mod scan;
 mod stats;
+mod topology;
 pub mod values;
 mod write;
 

@@ -20,7 +20,6 @@ use ramgrid_client::{
     Keys, MoveReport, TableDescription, ValueType, Values, ValuesRef,
 };
 
-
 create_exception!(
     ramgrid._native,
     RamgridError,

@@ -139,6 +139,8 @@ pub(crate) fn run_op<'py>(
             d.set_item("sums", sums.into_pyarray(py))?;
             d.set_item("inertia", inertia)?;
         }
+        // `spec` never builds TOP_K: its keys and values come through `scan::top_k`.
+        OpResult::TopK(_) => unreachable!("run_op does not ask for top_k"),
     }
     Ok(d)
 }
