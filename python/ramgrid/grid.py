@@ -21,6 +21,7 @@ from ramgrid._keys import NativeKeys, convert_keys, convert_values, fit_values, 
 from ramgrid._metrics import table_figures
 from ramgrid.config import SpecLike, parse_spec
 from ramgrid.exceptions import KeysNotFound, RamgridError
+from ramgrid.reduce import _Reduce
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -402,7 +403,7 @@ class _Reader:
         return self._grid._client()
 
 
-class Table(_Reader):
+class Table(_Reader, _Reduce):
     """A handle on a named table. Reads and writes go to its current version (resolved by the servers per request).
 
     Use `pin()` for a job that must see one version throughout, and `new_version()` to load a new version that
@@ -504,7 +505,7 @@ class Table(_Reader):
         return VersionWriter(self._grid, self.name)
 
 
-class PinnedTable(_Reader):
+class PinnedTable(_Reader, _Reduce):
     """A read-only handle on one version of a table. Pickles with its version, so tasks of a job agree on it."""
 
     def __init__(self, grid: Grid, name: str, version: int, incarnation: int = 0) -> None:

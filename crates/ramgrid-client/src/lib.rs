@@ -29,6 +29,7 @@ pub mod near;
 pub mod ops;
 pub mod plan;
 mod read;
+pub mod reduce;
 mod round;
 mod stats;
 pub mod values;

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+mod reduce;
+
 use numpy::{
     IntoPyArray, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArray1, PyReadonlyArrayDyn,
     PyUntypedArrayMethods,
@@ -970,6 +972,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_function(wrap_pyfunction!(run_server, m)?)?;
     m.add_function(wrap_pyfunction!(partition_of, m)?)?;
+    m.add_function(wrap_pyfunction!(reduce::lookup_reduce, m)?)?;
     m.add("RamgridError", py.get_type::<RamgridError>())?;
     m.add("ConnectionFailed", py.get_type::<ConnectionFailed>())?;
     m.add("ServerRefused", py.get_type::<ServerRefused>())?;
