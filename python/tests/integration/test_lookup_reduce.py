@@ -47,7 +47,11 @@ def _generated_sentences(n: int, seed: int) -> tuple[list[str], list[str]]:
     sents = []
     for _ in range(n):
         k = min(int(rng.expovariate(1 / 12)), 60)
-        toks = [vocab[min(int(rng.paretovariate(0.9)) - 1, len(vocab) - 1)] for _ in range(k)]
+        # Mostly the head of the vocabulary, sometimes anything (so the long and odd tokens turn up).
+        toks = [
+            rng.choice(vocab) if rng.random() < 0.05 else vocab[min(int(rng.paretovariate(0.9)) - 1, 399)]
+            for _ in range(k)
+        ]
         seps = [rng.choice(" " * 20 + SPACES) * rng.choice((1, 1, 1, 2)) for _ in range(k + 1)]
         sents.append("".join(s + t for s, t in zip(seps, toks)) + seps[-1])
     return sents, vocab
