@@ -21,8 +21,10 @@ mod tokenize;
 
 use std::str::FromStr;
 
+use std::hash::BuildHasher;
+
 use foldhash::fast::RandomState;
-use hashbrown::HashMap;
+use hashbrown::hash_table::{Entry, HashTable};
 use ramgrid_proto::native::ValueType;
 
 pub use fsum::{fsum, Fsum, FsumError};
@@ -78,9 +80,12 @@ pub struct TokenBatch<'a> {
     dropped: usize,
 }
 
-/// Distinct tokens are numbered in order of first appearance.
+/// Distinct tokens are numbered in order of first appearance. The table holds only the ids (4
+/// bytes a slot, so a task's few tens of thousands of distinct tokens stay in the CPU's L2); the
+/// tokens themselves are in `batch.distinct`.
 struct Dedupe<'a> {
-    index: HashMap<&'a [u8], u32, RandomState>,
+    index: HashTable<u32>,
+    hasher: RandomState,
     batch: TokenBatch<'a>,
 }
 
@@ -89,10 +94,12 @@ impl<'a> Dedupe<'a> {
         let mut bounds = Vec::with_capacity(records + 1);
         bounds.push(0);
         Dedupe {
+            index: HashTable::with_capacity(tokens_hint / 6),
             // Random seeds: records come from users, who must not be able to aim at one bucket.
-            index: HashMap::with_capacity_and_hasher(tokens_hint / 4, RandomState::default()),
+            hasher: RandomState::default(),
             batch: TokenBatch {
                 ids: Vec::with_capacity(tokens_hint),
+                distinct: Vec::with_capacity(tokens_hint / 8),
                 bounds,
                 ..TokenBatch::default()
             },
@@ -101,18 +108,33 @@ impl<'a> Dedupe<'a> {
 
     #[inline]
     fn token(&mut self, tok: &'a [u8]) -> Result<()> {
-        let distinct = &mut self.batch.distinct;
-        let next = distinct.len();
-        if next >= u32::MAX as usize {
-            return Err(Error::InvalidArgument(
-                "a batch holds fewer than 2^32 - 1 distinct tokens".into(),
-            ));
-        }
-        let id = *self.index.entry(tok).or_insert_with(|| {
-            distinct.push(tok);
-            next as u32
-        });
-        self.batch.ids.push(id);
+        let Dedupe {
+            index,
+            hasher,
+            batch,
+        } = self;
+        let distinct = &mut batch.distinct;
+        let h = hasher.hash_one(tok);
+        let entry = index.entry(
+            h,
+            |&i| distinct[i as usize] == tok,
+            |&i| hasher.hash_one(distinct[i as usize]),
+        );
+        let id = match entry {
+            Entry::Occupied(e) => *e.get(),
+            Entry::Vacant(v) => {
+                let next = distinct.len();
+                if next >= u32::MAX as usize {
+                    return Err(Error::InvalidArgument(
+                        "a batch holds fewer than 2^32 - 1 distinct tokens".into(),
+                    ));
+                }
+                distinct.push(tok);
+                v.insert(next as u32);
+                next as u32
+            }
+        };
+        batch.ids.push(id);
         Ok(())
     }
 
@@ -249,37 +271,53 @@ impl<'a> TokenBatch<'a> {
         let mut acc = Fsum::new();
         for (r, w) in self.bounds.windows(2).enumerate() {
             let ids = &self.ids[w[0]..w[1]];
-            let misses = ids.iter().filter(|&&i| !found[i as usize]).count();
-            let used = if skip { ids.len() - misses } else { ids.len() };
-            let taken = ids
-                .iter()
-                .filter(|&&i| !skip || found[i as usize])
-                .map(|&i| resolved[i as usize]);
+            let mut misses = 0;
             let v = match how {
                 Reduce::Sum | Reduce::Mean => {
                     acc.clear();
-                    taken.for_each(|x| acc.add(x));
+                    for &i in ids {
+                        let hit = found[i as usize];
+                        misses += usize::from(!hit);
+                        if hit || !skip {
+                            acc.add(resolved[i as usize]);
+                        }
+                    }
                     let s = acc
                         .value()
                         .map_err(|e| Error::InvalidArgument(format!("record {r}: {e}")))?;
-                    if how == Reduce::Mean {
-                        // 0.0 / 0.0 would be x86's negative NaN: the documented NaN is f64::NAN.
-                        if used == 0 {
-                            f64::NAN
-                        } else {
-                            s / used as f64
-                        }
-                    } else {
+                    let used = if skip { ids.len() - misses } else { ids.len() };
+                    if how == Reduce::Sum {
                         s
+                    } else if used == 0 {
+                        // 0.0 / 0.0 would be x86's negative NaN: the documented NaN is f64::NAN.
+                        f64::NAN
+                    } else {
+                        s / used as f64
                     }
                 }
-                Reduce::Max => taken
-                    .fold(None, |m: Option<f64>, x| match m {
-                        None => Some(x),
-                        Some(m) if m.is_nan() || x.is_nan() => Some(f64::NAN),
-                        Some(m) => Some(if x > m { x } else { m }),
-                    })
-                    .unwrap_or(f64::NAN),
+                Reduce::Max => {
+                    let mut m: Option<f64> = None;
+                    for &i in ids {
+                        let hit = found[i as usize];
+                        misses += usize::from(!hit);
+                        if hit || !skip {
+                            let x = resolved[i as usize];
+                            m = Some(match m {
+                                None => x,
+                                Some(m) if m.is_nan() || x.is_nan() => f64::NAN,
+                                // Python's max keeps the first of equal values (0.0 vs -0.0).
+                                Some(m) => {
+                                    if x > m {
+                                        x
+                                    } else {
+                                        m
+                                    }
+                                }
+                            });
+                        }
+                    }
+                    m.unwrap_or(f64::NAN)
+                }
             };
             out.values.push(v);
             out.misses.push(misses as i64);

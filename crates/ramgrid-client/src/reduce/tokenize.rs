@@ -10,30 +10,40 @@
 /// Tokens longer than this many characters are dropped, as the reference experiment did.
 pub const MAX_TOKEN_CHARS: usize = 100;
 
-const fn ascii_space() -> [bool; 128] {
-    let mut t = [false; 128];
+/// Byte classes: 0 a byte inside a token (ASCII non-space, continuation bytes, lead bytes no
+/// space starts with), 1 an ASCII space, 2 the lead byte of a multi-byte character that may be a
+/// space (U+0085 and U+00A0 start with 0xC2, U+1680 with 0xE1, U+2000..U+205F with 0xE2, U+3000
+/// with 0xE3).
+const fn classes() -> [u8; 256] {
+    let mut t = [0u8; 256];
     let mut c = 0x09;
     while c <= 0x0d {
-        t[c] = true;
+        t[c] = 1;
         c += 1;
     }
     let mut c = 0x1c;
     while c <= 0x20 {
-        t[c] = true;
+        t[c] = 1;
         c += 1;
     }
+    t[0xc2] = 2;
+    t[0xe1] = 2;
+    t[0xe2] = 2;
+    t[0xe3] = 2;
     t
 }
 
-static ASCII_SPACE: [bool; 128] = ascii_space();
+static CLASS: [u8; 256] = classes();
 
 /// Byte length of the whitespace character starting at `b[i]`, or 0 when it is not one. `b` is
 /// valid UTF-8 and `i` a character boundary.
 #[inline]
 fn space_at(b: &[u8], i: usize) -> usize {
     let c = b[i];
-    if c < 0x80 {
-        return ASCII_SPACE[c as usize] as usize;
+    match CLASS[c as usize] {
+        0 => return 0,
+        1 => return 1,
+        _ => {}
     }
     let at = |k: usize| b.get(i + k).copied().unwrap_or(0);
     let hit = match c {
@@ -53,17 +63,6 @@ fn space_at(b: &[u8], i: usize) -> usize {
         2
     } else {
         3
-    }
-}
-
-/// Byte length of the (non-space) character starting with lead byte `c`.
-#[inline]
-fn char_len(c: u8) -> usize {
-    match c {
-        0x00..=0x7f => 1,
-        0xc0..=0xdf => 2,
-        0xe0..=0xef => 3,
-        _ => 4,
     }
 }
 
@@ -96,18 +95,14 @@ pub fn tokenize<'a>(line: &'a str, mut each: impl FnMut(&'a str)) -> usize {
             return dropped;
         }
         let start = i;
+        // One table look-up per byte; continuation bytes are class 0, so a multi-byte character
+        // is stepped over byte by byte and a token only ends where a space starts.
         while i < n {
-            let c = b[i];
-            if c < 0x80 {
-                if ASCII_SPACE[c as usize] {
-                    break;
-                }
-                i += 1;
-            } else {
-                if space_at(b, i) != 0 {
-                    break;
-                }
-                i += char_len(c);
+            match CLASS[b[i] as usize] {
+                0 => i += 1,
+                1 => break,
+                _ if space_at(b, i) != 0 => break,
+                _ => i += 1,
             }
         }
         // Both ends are character boundaries: `start` follows whitespace or the start, `i` is
