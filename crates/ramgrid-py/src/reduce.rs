@@ -125,41 +125,46 @@ fn bytes_of<'a>(item: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
     Ok(item.downcast::<PyBytes>()?.as_bytes())
 }
 
-/// Looks the batch's distinct tokens up in chunks (Ctrl-C is checked between them), each chunk
-/// at the version the first one read, then reduces; the GIL is released throughout but for the
-/// signal checks.
-fn run(
-    py: Python<'_>,
-    client: &ramgrid_client::Client,
-    table: &str,
+/// What one call reads and how it reduces.
+struct Call<'c> {
+    client: &'c ramgrid_client::Client,
+    table: &'c str,
     incarnation: u64,
     version: u32,
-    batch: &TokenBatch<'_>,
     how: Reduce,
     miss: Miss,
-) -> PyResult<Reduced> {
-    let keys = batch.distinct();
-    let k = keys.len();
-    let mut values = vec![0.0; k];
-    let mut found = vec![false; k];
-    let mut pinned = version;
-    let mut start = 0;
-    loop {
-        let end = (start + CHUNK_KEYS).min(k);
-        let (v, f) = (&mut values[start..end], &mut found[start..end]);
-        pinned = py
-            .allow_threads(|| {
-                client.lookup_f64(table, incarnation, pinned, &keys[start..end], v, f)
-            })
-            .map_err(|e| to_py(py, e))?;
-        start = end;
-        if start >= k {
-            break;
+}
+
+impl Call<'_> {
+    /// Looks the batch's distinct tokens up in chunks (Ctrl-C is checked between them), each
+    /// chunk at the version the first one read, then reduces; the GIL is released throughout but
+    /// for the signal checks.
+    fn run(&self, py: Python<'_>, batch: &TokenBatch<'_>) -> PyResult<Reduced> {
+        let keys = batch.distinct();
+        let k = keys.len();
+        let mut values = vec![0.0; k];
+        let mut found = vec![false; k];
+        let mut pinned = self.version;
+        let mut start = 0;
+        loop {
+            let end = (start + CHUNK_KEYS).min(k);
+            let (v, f) = (&mut values[start..end], &mut found[start..end]);
+            pinned = py
+                .allow_threads(|| {
+                    let keys = &keys[start..end];
+                    self.client
+                        .lookup_f64(self.table, self.incarnation, pinned, keys, v, f)
+                })
+                .map_err(|e| to_py(py, e))?;
+            start = end;
+            if start >= k {
+                break;
+            }
+            py.check_signals()?;
         }
-        py.check_signals()?;
+        py.allow_threads(|| batch.reduce(&values, &found, self.how, self.miss, pinned))
+            .map_err(|e| to_py(py, e))
     }
-    py.allow_threads(|| batch.reduce(&values, &found, how, miss, pinned))
-        .map_err(|e| to_py(py, e))
 }
 
 /// Fused lookup-reduce; see `python/ramgrid/_native.pyi`. Returns (values, misses, counts,
@@ -192,7 +197,14 @@ pub(crate) fn lookup_reduce<'py>(
     let how: Reduce = reduce.parse().map_err(|e| to_py(py, e))?;
     let miss = default.map_or(Miss::Skip, Miss::Default);
     let holder = Records::new(records, tokenize)?;
-    let inner = &client.inner;
+    let call = Call {
+        client: &client.inner,
+        table,
+        incarnation,
+        version,
+        how,
+        miss,
+    };
     let batch_err = |e: Error| to_py(py, e);
     let out = match &holder {
         Records::Texts(items) => {
@@ -216,7 +228,7 @@ pub(crate) fn lookup_reduce<'py>(
             let batch = py
                 .allow_threads(|| TokenBatch::from_texts(&texts))
                 .map_err(batch_err)?;
-            run(py, inner, table, incarnation, version, &batch, how, miss)?
+            call.run(py, &batch)?
         }
         Records::Lists(lists) => {
             let toks: Vec<Vec<&[u8]>> = lists
@@ -228,7 +240,7 @@ pub(crate) fn lookup_reduce<'py>(
                     TokenBatch::from_token_lists(toks.iter().map(|r| r.iter().copied()))
                 })
                 .map_err(batch_err)?;
-            run(py, inner, table, incarnation, version, &batch, how, miss)?
+            call.run(py, &batch)?
         }
         Records::Packed(rec, tok, data) => {
             let (rec, tok) = (rec.as_slice()?, tok.as_slice()?);
@@ -236,7 +248,7 @@ pub(crate) fn lookup_reduce<'py>(
             let batch = py
                 .allow_threads(|| TokenBatch::from_packed(rec, Keys::Packed { offsets: tok, data }))
                 .map_err(batch_err)?;
-            run(py, inner, table, incarnation, version, &batch, how, miss)?
+            call.run(py, &batch)?
         }
     };
     Ok((
