@@ -117,7 +117,7 @@ impl<'a> Dedupe<'a> {
         let h = hasher.hash_one(tok);
         let entry = index.entry(
             h,
-            |&i| distinct[i as usize] == tok,
+            |&i| same(distinct[i as usize], tok),
             |&i| hasher.hash_one(distinct[i as usize]),
         );
         let id = match entry {
@@ -140,6 +140,25 @@ impl<'a> Dedupe<'a> {
 
     fn end_record(&mut self) {
         self.batch.bounds.push(self.batch.ids.len());
+    }
+}
+
+/// `a == b` for tokens, which are mostly a few bytes long: a call to memcmp costs more than
+/// comparing them in one or two overlapping word loads.
+#[inline]
+fn same(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let word = |s: &[u8], at: usize| u64::from_le_bytes(s[at..at + 8].try_into().unwrap_or([0; 8]));
+    let half = |s: &[u8], at: usize| u32::from_le_bytes(s[at..at + 4].try_into().unwrap_or([0; 4]));
+    match n {
+        0 => true,
+        1..=3 => a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1],
+        4..=7 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        _ => a == b,
     }
 }
 
@@ -415,6 +434,25 @@ mod tests {
                     .map_or((0.0, false), |(_, v)| (*v, true))
             })
             .unzip()
+    }
+
+    #[test]
+    fn short_token_comparison_is_exact() {
+        let words: Vec<Vec<u8>> = (0..=20)
+            .flat_map(|n| {
+                (0..n).map(move |flip| {
+                    let mut w: Vec<u8> = (0..n as u8).map(|i| b'a' + i).collect();
+                    w[flip] ^= 0x20;
+                    w
+                })
+            })
+            .chain((0..=20).map(|n| (0..n as u8).map(|i| b'a' + i).collect()))
+            .collect();
+        for a in &words {
+            for b in &words {
+                assert_eq!(same(a, b), a == b, "{a:?} {b:?}");
+            }
+        }
     }
 
     #[test]

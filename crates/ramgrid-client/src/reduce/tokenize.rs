@@ -36,8 +36,9 @@ const fn classes() -> [u8; 256] {
 static CLASS: [u8; 256] = classes();
 
 /// Byte length of the whitespace character starting at `b[i]`, or 0 when it is not one. `b` is
-/// valid UTF-8 and `i` a character boundary.
-#[inline]
+/// valid UTF-8 and `i` a character boundary. Out of line: the loops only call it for the four
+/// lead bytes of class 2, so the common ASCII path stays small.
+#[inline(never)]
 fn space_at(b: &[u8], i: usize) -> usize {
     let c = b[i];
     match CLASS[c as usize] {
@@ -85,11 +86,14 @@ pub fn tokenize<'a>(line: &'a str, mut each: impl FnMut(&'a str)) -> usize {
     loop {
         // Skip a run of whitespace.
         while i < n {
-            let w = space_at(b, i);
-            if w == 0 {
-                break;
+            match CLASS[b[i] as usize] {
+                0 => break,
+                1 => i += 1,
+                _ => match space_at(b, i) {
+                    0 => break,
+                    w => i += w,
+                },
             }
-            i += w;
         }
         if i >= n {
             return dropped;
