@@ -4,7 +4,6 @@ with misses, token lists, bad input, and servers killed in the middle of a batch
 
 from __future__ import annotations
 
-import gzip
 import math
 import random
 import threading
@@ -20,10 +19,9 @@ pytest.importorskip(
     "ramgrid._native", reason="ramgrid._native is not importable: build it with `maturin develop --release`"
 )
 
+import ramgrid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import ramgrid
 from ramgrid.exceptions import PartitionsUnavailable, TableNotFound
 from ramgrid.lm.corpus import decode_lines, read_slice, stage_corpus, stage_sentences, tokenize, tokenize_lines
 from ramgrid.lm.score import reference_scores
