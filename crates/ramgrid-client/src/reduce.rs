@@ -19,9 +19,8 @@
 mod fsum;
 mod tokenize;
 
-use std::str::FromStr;
-
 use std::hash::BuildHasher;
+use std::str::FromStr;
 
 use foldhash::fast::RandomState;
 use hashbrown::hash_table::{Entry, HashTable};
