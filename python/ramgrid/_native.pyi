@@ -109,6 +109,22 @@ def run_op(
     components: int = 0,
     centroids: list[float] | None = None,
 ) -> dict[str, Any]: ...
+def lookup_reduce(
+    client: Client,
+    table: str,
+    records: Sequence[str | bytes]
+    | Sequence[Sequence[str | bytes]]
+    | tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], bytes],
+    version: int = 0,
+    incarnation: int = 0,
+    reduce: str = "sum",  # "sum" (math.fsum, bit for bit) | "mean" (fsum / n) | "max"
+    default: float | None = None,  # value of a missing token; None: missing tokens are skipped
+    tokenize: str = "whitespace",  # "whitespace": records are texts (str, or bytes decoded with "replace");
+    # "none": records are token lists, or (record offsets n+1, token offsets m+1, token bytes)
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDArray[np.int64], int, int, int]:
+    """Fused lookup-reduce on an f64 table: each distinct token of the batch looked up once, then one value per
+    record. Returns (values, misses per record, tokens per record, version read, distinct tokens, tokens dropped
+    for being longer than 100 characters). Texts are split as python/ramgrid/lm/corpus.py does."""
 
 # Exceptions (all subclasses of RamgridError); python/ramgrid/exceptions.py re-exports them.
 class RamgridError(Exception): ...

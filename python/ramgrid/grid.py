@@ -22,6 +22,7 @@ from ramgrid._metrics import table_figures
 from ramgrid.config import SpecLike, parse_spec
 from ramgrid.exceptions import KeysNotFound, RamgridError
 from ramgrid.ops import _Operators
+from ramgrid.reduce import _Reduce
 from ramgrid.scan import _Scans
 
 if TYPE_CHECKING:
@@ -404,7 +405,7 @@ class _Reader:
         return self._grid._client()
 
 
-class Table(_Operators, _Reader, _Scans):
+class Table(_Operators, _Reader, _Scans, _Reduce):
     """A handle on a named table. Reads and writes go to its current version (resolved by the servers per request).
 
     Use `pin()` for a job that must see one version throughout, and `new_version()` to load a new version that
@@ -506,7 +507,7 @@ class Table(_Operators, _Reader, _Scans):
         return VersionWriter(self._grid, self.name)
 
 
-class PinnedTable(_Operators, _Reader, _Scans):
+class PinnedTable(_Operators, _Reader, _Scans, _Reduce):
     """A read-only handle on one version of a table. Pickles with its version, so tasks of a job agree on it."""
 
     def __init__(self, grid: Grid, name: str, version: int, incarnation: int = 0) -> None:

@@ -1144,7 +1144,7 @@ def table_load(self: Table, path: PathLike, **options: Any) -> LoadReport:
 def _quietly(fn: Callable[[], Any]) -> None:
     try:
         fn()
-    except RamgridError:
+    except (RamgridError, ValueError):  # a server's refusal of the request (BAD_REQUEST) is a ValueError
         pass  # cleanup after a failure or of an empty version: the load's outcome is already decided
 
 

@@ -30,6 +30,7 @@ pub mod near;
 pub mod ops;
 pub mod plan;
 mod read;
+pub mod reduce;
 mod round;
 pub mod scan;
 mod stats;

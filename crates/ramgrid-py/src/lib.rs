@@ -3,6 +3,7 @@
 //! the contract is `python/ramgrid/_native.pyi`.
 
 mod ops;
+mod reduce;
 mod scan;
 
 use std::time::Duration;
@@ -977,6 +978,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<scan::ScanIter>()?;
     m.add_function(wrap_pyfunction!(scan::scan, m)?)?;
     m.add_function(wrap_pyfunction!(scan::top_k, m)?)?;
+    m.add_function(wrap_pyfunction!(reduce::lookup_reduce, m)?)?;
     m.add("RamgridError", py.get_type::<RamgridError>())?;
     m.add("ConnectionFailed", py.get_type::<ConnectionFailed>())?;
     m.add("ServerRefused", py.get_type::<ServerRefused>())?;

@@ -79,7 +79,8 @@ def build_parser(prog: str = "ramgrid demo lm") -> argparse.ArgumentParser:
         "--modes",
         type=_names(LOOKUP_MODES),
         default=LOOKUP_MODES,
-        help="lookup modes (default per-token,per-sentence,per-partition); NoOp always runs",
+        help="lookup modes (default per-token,per-sentence,per-partition,fused; fused runs for ramgrid only); "
+        "NoOp always runs",
     )
     r.add_argument(
         "--peers",

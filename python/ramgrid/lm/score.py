@@ -9,6 +9,10 @@ Modes (how a task asks for values):
 - ``per-token``: one synchronous lookup per token, the reference experiment's architecture.
 - ``per-sentence``: one batch per sentence.
 - ``per-partition``: one batch per task (a line range of a few thousand sentences), each distinct token once.
+- ``fused``: the task hands its raw lines to the grid client's fused lookup-reduce (`PinnedTable.lookup_reduce`),
+  which decodes, tokenises (the same rule as corpus.py), looks each distinct token up once and sums each sentence
+  with an exact fsum in Rust, without the GIL; the scores come back as one array. ramgrid source only. Its lookup
+  time is the whole fused call, tokenising and summing included.
 - ``noop``: no lookup; a constant per token. Its running time is the job's own overhead (reading, decoding,
   tokenising, Dask), which the paper subtracts to get the lookup throughput.
 
@@ -55,7 +59,7 @@ __all__ = [
     "write_scores",
 ]
 
-MODES = ("per-token", "per-sentence", "per-partition", "noop")
+MODES = ("per-token", "per-sentence", "per-partition", "fused", "noop")
 SOURCES = ("ramgrid", "memcached", "dict", "noop")
 NOOP_VALUE = -1.0
 _GRID_BATCH = 250_000  # keys per get_many: bounds the size of one request frame
@@ -209,6 +213,8 @@ def score_slice(sl: CorpusSlice, mode: str, source: Source, model: Any = None) -
 
 def _score_slice(sl: CorpusSlice, mode: str, source: Source, model: dict[str, float] | None) -> dict[str, Any]:
     t_start = time.perf_counter()
+    if mode == "fused" and source.kind != "noop":
+        return _score_slice_fused(sl, source, t_start)
     lines, _ = decode_lines(read_slice(sl))
     sents, _ = tokenize_lines(lines)
     tokens = sum(map(len, sents))
@@ -278,6 +284,33 @@ def _score_slice(sl: CorpusSlice, mode: str, source: Source, model: dict[str, fl
     }
 
 
+def _score_slice_fused(sl: CorpusSlice, source: Source, t_start: float) -> dict[str, Any]:
+    """The fused mode: raw lines in, scores out, all in the Rust client (decode, tokenise, dedupe, look up, fsum)."""
+    if source.kind != "ramgrid":
+        raise ValueError(f"the fused mode needs the ramgrid source, not {source.name!r}")
+    raw = read_slice(sl)
+    t0 = time.perf_counter_ns()
+    try:
+        r = source.table.lookup_reduce(raw, reduce="sum", default=source.unk)
+    except (RamgridError, OSError) as e:
+        raise _describe_failure(e, source, sl) from None
+    ns = time.perf_counter_ns() - t0
+    tokens = int(r.counts.sum())
+    return {
+        "first": sl.first,
+        "scores": r.values,
+        "sentences": len(raw),
+        "tokens": tokens,
+        "lookups": tokens,
+        "calls": 1 if r.distinct else 0,
+        "keys": r.distinct,
+        "lookup_s": ns / 1e9,
+        "task_s": time.perf_counter() - t_start,
+        "ended_at": time.time(),
+        "worker_pid": os.getpid(),
+    }
+
+
 @dataclass
 class RunResult:
     """One scoring run: the scores (index = sentence id) and the job's summed counters."""
@@ -321,6 +354,8 @@ def run_scoring(
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "fused" and source.kind not in ("ramgrid", "noop"):
+        raise ValueError(f"the fused mode needs the ramgrid source, not {source.name!r}")
     n = corpus.lines if sentences is None else min(int(sentences), corpus.lines)
     workers = max(1, len(client.scheduler_info().get("workers", {})))
     ranges = split_tasks(n, lines_per_task, 2 * workers)

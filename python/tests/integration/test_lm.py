@@ -100,7 +100,7 @@ def test_lm1b_slice_every_mode_and_peer_matches_a_plain_dict(client: Any, lm1b: 
         ]
         runs = []
         for src in sources:
-            for mode in ("per-token", "per-sentence", "per-partition"):
+            for mode in ("per-token", "per-sentence", "per-partition", "fused"):
                 n = per_token if mode == "per-token" else None
                 runs.append(run_scoring(client, lm1b, mode, src, sentences=n, lines_per_task=700))
         dict_model = client.scatter([SharedModel(d)], broadcast=True)[0]
@@ -115,6 +115,10 @@ def test_lm1b_slice_every_mode_and_peer_matches_a_plain_dict(client: Any, lm1b: 
     part = next(r for r in runs if r.mode == "per-partition")
     assert part.keys < part.tokens  # distinct tokens only
     assert part.extra["workers_used"] == 2
+    fused = next(r for r in runs if r.mode == "fused")
+    assert fused.keys == part.keys and fused.calls == part.calls  # the same distinct tokens, once per task
+    with pytest.raises(ValueError, match="fused mode needs the ramgrid source"):
+        run_scoring(client, lm1b, "fused", dsrc, model=dict_model)
 
 
 @pytest.mark.skipif(not memcached_available(), reason="memcached is not installed (apt-get install memcached)")

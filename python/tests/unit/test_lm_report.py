@@ -98,3 +98,20 @@ def test_write_report_writes_markdown_json_and_figures(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "result.json").read_text())
     assert data["summary"]["targets"][0]["servers"] == 1
     assert (tmp_path / "fig5_latency_throughput.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_fused_mode_is_compared_with_memcached_batched_and_the_dict() -> None:
+    result = _result()
+    result["runs"].append(_run(2, "ramgrid", "fused", 0.2))
+    summary = derive(result)
+    fu = next(r for r in summary["rows"] if r["mode"] == "fused")
+    # memcached has no fused mode: its batched (per-partition) run is the peer, as is the dict's.
+    assert fu["x_memcached_same_mode"] == pytest.approx(2.5 / 0.2)
+    assert fu["x_dict"] == pytest.approx(0.6 / 0.2)
+    (t,) = summary["fused_targets"]
+    assert t["servers"] == 2 and t["meets_10x_memcached"] and t["meets_2x_dict"]
+    md = format_markdown(result, summary)
+    assert "| fused | 2 | ramgrid |" in md
+    assert "Targets (issue 10)" in md and "| 2 | 5.0 k/s | 12x | yes | 3.00x | yes |" in md
+    # The per-partition targets are unchanged by the extra run.
+    assert [x["servers"] for x in summary["targets"]] == [1, 2]
