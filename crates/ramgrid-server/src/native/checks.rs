@@ -1,8 +1,12 @@
 //! The refusals a data request gets before any key is touched: wrong epoch, another incarnation of
-//! the table, partitions not held here, partitions still being copied in.
+//! the table, partitions not held here, partitions still being copied in; and the checks before and
+//! after a pass over partitions (OPERATOR, SCAN) that make its result exact or refused.
 
 use ramgrid_proto::native::{ErrorReply, Status};
 use ramgrid_store::tables::TableVersion;
+
+use super::convert::refusal;
+use super::NativeState;
 
 /// Refuses a batch meant for another incarnation of the table (one dropped since, whose name was
 /// used again): its keys, types and version numbers are not this table's. 0 names any.
@@ -55,4 +59,69 @@ pub(super) fn check_held(
     missing.sort_unstable();
     missing.dedup();
     Err(ErrorReply::not_owner(missing))
+}
+
+/// What a pass over partitions (OPERATOR, SCAN) checks before reading anything: the request's
+/// epoch, quorum, the table version asked for and its incarnation. Returns that version and the
+/// epoch the pass starts under (for [`after_pass`]).
+pub(super) fn before_pass(
+    state: &NativeState,
+    table: &str,
+    version: u32,
+    epoch: u64,
+    incarnation: u64,
+) -> Result<(TableVersion, u64), ErrorReply> {
+    let started = {
+        let cluster = state.cluster.read();
+        check_epoch(&cluster, epoch, false)?;
+        cluster.as_ref().map_or(0, |c| c.epoch)
+    };
+    state.check_quorum()?;
+    let tv = state.tables.at(table, version).map_err(|e| refusal(&e))?;
+    check_incarnation(&tv, incarnation)?;
+    Ok((tv, started))
+}
+
+/// What a pass checks after reading partition `p` of `tv`: its result stands only if nothing that
+/// decides who answers for the partition changed while it ran (the epoch, the table's incarnation,
+/// this server holding `p`, `p` not being copied in). The refusal names `p` and why.
+pub(super) fn after_pass(
+    state: &NativeState,
+    tv: &TableVersion,
+    p: u32,
+    started_epoch: u64,
+) -> Result<(), ErrorReply> {
+    let now = state.cluster.read().as_ref().map_or(0, |c| c.epoch);
+    if now != started_epoch {
+        return Err(ErrorReply {
+            message: format!("the epoch changed to {now:016x} during the pass"),
+            ..ErrorReply::wrong_epoch(now)
+        });
+    }
+    // The table's holdings as they are now (a spec change replaces them whole).
+    let not_owner = |why: String| ErrorReply {
+        message: why,
+        ..ErrorReply::not_owner(vec![p])
+    };
+    let fresh = state
+        .tables
+        .at(&tv.spec().name, tv.version())
+        .map_err(|e| not_owner(format!("after the pass: {e}")))?;
+    if fresh.spec().incarnation != tv.spec().incarnation {
+        return Err(not_owner(
+            "the table was created again during the pass".into(),
+        ));
+    }
+    if !fresh.is_held(p) {
+        return Err(not_owner(format!(
+            "partition {p} left this server during the pass"
+        )));
+    }
+    if fresh.is_missing(p) {
+        return Err(ErrorReply {
+            message: format!("partition {p} is being copied in since the pass"),
+            ..ErrorReply::repairing(vec![p])
+        });
+    }
+    Ok(())
 }

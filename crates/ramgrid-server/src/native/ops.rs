@@ -16,13 +16,11 @@
 use std::sync::OnceLock;
 
 use ramgrid_proto::native::{
-    self as wire, ErrorReply, OpReply, OpRequest, Operator, Outcome, Partial, Request, Response,
-    Status,
+    self as wire, ErrorReply, OpReply, Operator, Outcome, Partial, Request, Response, Status,
 };
 use ramgrid_store::ops::{self as kernels, Op, OpOutput, Range};
-use ramgrid_store::tables::TableVersion;
 
-use super::checks::{check_copied, check_epoch, check_held, check_incarnation};
+use super::checks::{after_pass, before_pass, check_copied, check_held};
 use super::convert::refusal;
 use super::NativeState;
 
@@ -46,17 +44,7 @@ pub(super) fn answer(
     let Request::Operator(o) = req else {
         unreachable!("the handler sends only OPERATOR here")
     };
-    let started_epoch = {
-        let cluster = state.cluster.read();
-        check_epoch(&cluster, o.epoch, false)?;
-        cluster.as_ref().map_or(0, |c| c.epoch)
-    };
-    state.check_quorum()?;
-    let tv = state
-        .tables
-        .at(o.table, o.version)
-        .map_err(|e| refusal(&e))?;
-    check_incarnation(&tv, o.incarnation)?;
+    let (tv, started_epoch) = before_pass(state, o.table, o.version, o.epoch, o.incarnation)?;
     let arrays = Arrays::of(&o.op);
     let op = store_op(&o.op, &arrays);
     kernels::validate(&op, tv.value_type())
@@ -100,9 +88,12 @@ pub(super) fn answer(
         if let Some(hook) = AFTER_PASS.get() {
             hook(state, p);
         }
-        let outcome = match still_exact(state, o, &tv, p, started_epoch) {
+        let outcome = match after_pass(state, &tv, p, started_epoch) {
             Ok(()) => Outcome::Done(wire_partial(partial, &o.op)),
-            Err((status, message)) => Outcome::Refused { status, message },
+            Err(e) => Outcome::Refused {
+                status: e.status,
+                message: e.message,
+            },
         };
         results.push((p, outcome));
     }
@@ -125,48 +116,6 @@ pub(super) fn answer(
     Response::Operator(reply)
         .encode(out, wire::Opcode::Operator, id)
         .map_err(|e| ErrorReply::new(Status::Internal, e.to_string()))
-}
-
-/// The checks after a pass (see the module): the partial stands only if nothing that decides who
-/// answers for the partition changed while it ran.
-fn still_exact(
-    state: &NativeState,
-    o: &OpRequest<'_>,
-    tv: &TableVersion,
-    p: u32,
-    started_epoch: u64,
-) -> Result<(), (Status, String)> {
-    let now = state.cluster.read().as_ref().map_or(0, |c| c.epoch);
-    if now != started_epoch {
-        return Err((
-            Status::WrongEpoch,
-            format!("the epoch changed to {now:016x} during the pass"),
-        ));
-    }
-    // The table's holdings as they are now (a spec change replaces them whole).
-    let fresh = state
-        .tables
-        .at(o.table, tv.version())
-        .map_err(|e| (Status::NotOwner, format!("after the pass: {e}")))?;
-    if fresh.spec().incarnation != tv.spec().incarnation {
-        return Err((
-            Status::NotOwner,
-            "the table was created again during the pass".into(),
-        ));
-    }
-    if !fresh.is_held(p) {
-        return Err((
-            Status::NotOwner,
-            format!("partition {p} left this server during the pass"),
-        ));
-    }
-    if fresh.is_missing(p) {
-        return Err((
-            Status::Repairing,
-            format!("partition {p} is being copied in since the pass"),
-        ));
-    }
-    Ok(())
 }
 
 /// The operator's number arrays, decoded once per frame.

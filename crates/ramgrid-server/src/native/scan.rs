@@ -16,14 +16,12 @@
 //! and cost the server nothing. A reply never passes `--max-frame`: the page's byte budget is the
 //! smaller of the request's and the frame limit's.
 
-use ramgrid_proto::native::{
-    encode_scan_page, ErrorReply, PageHead, PageState, Request, ScanRequest, Status,
-};
+use ramgrid_proto::native::{encode_scan_page, ErrorReply, PageHead, PageState, Request, Status};
 use ramgrid_store::ops::scan::{page, Entries};
 use ramgrid_store::ops::Range;
 use ramgrid_store::tables::{PartitionView, ValueRef};
 
-use super::checks::{check_copied, check_epoch, check_held, check_incarnation};
+use super::checks::{after_pass, before_pass, check_copied, check_held};
 use super::convert::{refusal, wire_value_type};
 use super::NativeState;
 
@@ -39,17 +37,7 @@ pub(super) fn answer(
     let Request::Scan(q) = req else {
         unreachable!("the handler sends only SCAN here")
     };
-    let started_epoch = {
-        let cluster = state.cluster.read();
-        check_epoch(&cluster, q.epoch, false)?;
-        cluster.as_ref().map_or(0, |c| c.epoch)
-    };
-    state.check_quorum()?;
-    let tv = state
-        .tables
-        .at(q.table, q.version)
-        .map_err(|e| refusal(&e))?;
-    check_incarnation(&tv, q.incarnation)?;
+    let (tv, started_epoch) = before_pass(state, q.table, q.version, q.epoch, q.incarnation)?;
     let p = q.partition;
     let parts = tv.spec().partitions;
     if p >= parts {
@@ -121,7 +109,7 @@ pub(super) fn answer(
         .map_err(internal)
     })
     .map_err(|e| refusal(&e))??;
-    if let Err(e) = still_exact(state, q, &tv, started_epoch) {
+    if let Err(e) = after_pass(state, &tv, q.partition, started_epoch) {
         out.truncate(start);
         return Err(e);
     }
@@ -164,30 +152,4 @@ fn put_values(view: &PartitionView<'_>, entries: &Entries, out: &mut Vec<u8>) {
             }
         }
     }
-}
-
-/// The checks after the page (see the module): it stands only if nothing that decides who answers
-/// for the partition changed while it was read.
-fn still_exact(
-    state: &NativeState,
-    q: &ScanRequest<'_>,
-    tv: &ramgrid_store::tables::TableVersion,
-    started_epoch: u64,
-) -> Result<(), ErrorReply> {
-    let p = q.partition;
-    let now = state.cluster.read().as_ref().map_or(0, |c| c.epoch);
-    if now != started_epoch {
-        return Err(ErrorReply::wrong_epoch(now));
-    }
-    let fresh = state
-        .tables
-        .at(q.table, tv.version())
-        .map_err(|_| ErrorReply::not_owner(vec![p]))?;
-    if fresh.spec().incarnation != tv.spec().incarnation || !fresh.is_held(p) {
-        return Err(ErrorReply::not_owner(vec![p]));
-    }
-    if fresh.is_missing(p) {
-        return Err(ErrorReply::repairing(vec![p]));
-    }
-    Ok(())
 }
