@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ramgrid._local import LocalGrid, local
     from ramgrid.config import parse_spec
     from ramgrid.exceptions import RamgridError
-    from ramgrid.grid import Grid, GridConfig, PinnedTable, Table, VersionWriter, connect
+    from ramgrid.grid import Grid, GridConfig, PinnedTable, Table, VersionPart, VersionWriter, connect
 
 __version__ = "0.1.0"
 
@@ -33,6 +33,7 @@ _LAZY = {
     "GridConfig": "ramgrid.grid",
     "Table": "ramgrid.grid",
     "PinnedTable": "ramgrid.grid",
+    "VersionPart": "ramgrid.grid",
     "VersionWriter": "ramgrid.grid",
     "local": "ramgrid._local",
     "LocalGrid": "ramgrid._local",
@@ -47,6 +48,7 @@ __all__ = [
     "PinnedTable",
     "RamgridError",
     "Table",
+    "VersionPart",
     "VersionWriter",
     "__version__",
     "connect",

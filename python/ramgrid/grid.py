@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from ramgrid._native import Client
 
-__all__ = ["Grid", "GridConfig", "PinnedTable", "Table", "VersionWriter", "connect", "native"]
+__all__ = ["Grid", "GridConfig", "PinnedTable", "Table", "VersionPart", "VersionWriter", "connect", "native"]
 
 ValueType = Union[str, tuple[str, int]]
 _ACKS = ("all", "majority", "one")
@@ -546,9 +546,15 @@ class VersionWriter(_Reader):
 
     def __reduce__(self) -> Any:
         raise TypeError(
-            "a VersionWriter cannot be pickled (it owns the commit); pass table.pin(writer.version) to tasks that "
-            "write into it instead, or write from the driver"
+            "a VersionWriter cannot be pickled (it owns the commit): pass writer.part() to the tasks that write "
+            "into the version, and commit or abort here once they are done"
         )
+
+    def part(self) -> VersionPart:
+        """A picklable handle for the tasks of a job that fill this version in parallel (Dask, multiprocessing):
+        they write through it; this writer, in the driver, commits or aborts once they are done."""
+        self._check_open()
+        return VersionPart(self._grid, self.name, self.version)
 
     def begin(self) -> Self:
         if self._state != "new":
@@ -615,6 +621,39 @@ class VersionWriter(_Reader):
             # The version is invisible either way: it was never made current. A server that missed the drop keeps
             # an orphan version that `versions()` lists and `drop_version()` removes.
             pass
+
+
+class VersionPart(_Reader):
+    """The writing end of an open version, for a job's tasks: `put_many`, `put`, `delete_many` and reads of the open
+    version. It pickles (configuration, table, version), so it travels to Dask workers and other processes; only the
+    `VersionWriter` that opened the version commits or aborts it. A write after the commit is refused (the version
+    is sealed: VersionSealed), one after an abort too (the version is gone: VersionNotFound): never applied."""
+
+    def __init__(self, grid: Grid, name: str, version: int) -> None:
+        self._grid = grid
+        self.name = name
+        self.version = int(version)
+        self._read_version = self.version
+
+    def __reduce__(self) -> Any:
+        return (VersionPart, (self._grid, self.name, self.version))
+
+    def __repr__(self) -> str:
+        return f"VersionPart({self.name!r}, version={self.version})"
+
+    def put_many(self, keys: Any, values: Any) -> None:
+        """Writes a batch into the open version (see Table.put_many)."""
+        _put(self._client(), self.name, keys, values, self.version)
+
+    def put(self, key: Any, value: Any) -> None:
+        _put(self._client(), self.name, [key], _single_value(value), self.version)
+
+    def delete_many(self, keys: Any) -> int:
+        """Deletes a batch from the open version; returns how many existed."""
+        k = convert_keys(keys)
+        if key_count(k) == 0:
+            return 0
+        return int(self._client().delete_many(self.name, k, self.version))
 
 
 def _single_value(value: Any) -> Any:

@@ -37,7 +37,7 @@ import numpy as np
 
 from ramgrid._gzip import gunzip
 from ramgrid.exceptions import BatchError, LoadError, RamgridError, TableNotFound
-from ramgrid.grid import Grid, Table, VersionWriter, _put, client_for
+from ramgrid.grid import Grid, Table, VersionPart, VersionWriter, client_for
 
 if TYPE_CHECKING:
     from ramgrid.grid import GridConfig
@@ -515,6 +515,7 @@ class _TaskRun:
         self.progress = progress
         self.cancel = cancel
         self.client = client_for(target.config)
+        self.part = VersionPart(Grid(target.config), target.table, target.version)
         self.result = _TaskResult()
         # Lines of the file before this task's first line: counted only when a message needs a line number.
         self._line_base: int | None = 0 if task.kind != "range" or task.start == 0 else None
@@ -548,7 +549,7 @@ class _TaskRun:
             self.check_cancel()
             hi = min(n, lo + step)
             try:
-                _put(self.client, self.target.table, keys[lo:hi], values[lo:hi], self.target.version)
+                self.part.put_many(keys[lo:hi], values[lo:hi])
                 stored += hi - lo
             except BatchError as e:
                 failures = list(getattr(e, "failures", []) or [])

@@ -176,14 +176,11 @@ def _finalize(
     return keys, values
 
 
-def _load_part(part: tuple[list[str], np.ndarray], grid: ramgrid.Grid, table: str, version: int) -> int:
-    """Load task: writes one bucket of the model into the open version `version` of `table`."""
-    from ramgrid.grid import _put, client_for
-
+def _load_part(part: tuple[list[str], np.ndarray], into: ramgrid.VersionPart) -> int:
+    """Load task: writes one bucket of the model into the open version `into` (the driver commits it)."""
     keys, values = part
-    client = client_for(grid.config)
     for lo in range(0, len(keys), _PUT_BATCH):
-        _put(client, table, keys[lo : lo + _PUT_BATCH], values[lo : lo + _PUT_BATCH], version)
+        into.put_many(keys[lo : lo + _PUT_BATCH], values[lo : lo + _PUT_BATCH])
     return len(keys)
 
 
@@ -313,9 +310,7 @@ def load_into_grid(
         if vt != "f64":
             raise ValueError(f"table {table!r} exists with value type {vt}, not f64") from None
     with t.new_version() as v:
-        loaded = client.gather(
-            client.map(_load_part, model.parts, grid=grid, table=table, version=v.version, pure=False)
-        )
+        loaded = client.gather(client.map(_load_part, model.parts, into=v.part(), pure=False))
         if sum(loaded) != model.vocabulary:
             raise RuntimeError(f"loaded {sum(loaded)} tokens, expected {model.vocabulary}")
         v.put_many([UNK_KEY], np.array([model.unk_log_prob]))
