@@ -429,7 +429,7 @@ fn operators_on_a_table_being_written_see_whole_partitions() {
             }
         })
     };
-    let mut last = 0;
+    let mut last;
     loop {
         let done = writer.is_finished();
         let before = acked.load(std::sync::atomic::Ordering::SeqCst);
