@@ -4,6 +4,7 @@
 //! passes when the values sit far from 0 relative to their spread, at one pass's cost. Partials
 //! merge with Chan et al.'s pairwise update on the client.
 
+use super::simd::dispatch;
 use super::{Col, Range};
 use crate::tables::PartitionView;
 
@@ -48,11 +49,12 @@ impl Acc {
         }
     }
 
+    /// Adds `x` to lane `j` if `sel`. Unselected values are replaced by selects, never masked by a
+    /// multiplication by 0 (an infinite value outside the predicate would make the sums NaN).
     #[inline(always)]
     fn add(&mut self, j: usize, sel: bool, x: f64, k: f64) {
-        let m = if sel { 1.0 } else { 0.0 };
-        let xs = x * m;
-        let dx = (x - k) * m;
+        let xs = if sel { x } else { 0.0 };
+        let dx = if sel { x - k } else { 0.0 };
         self.n[j] += u64::from(sel);
         self.s[j] += xs;
         self.d[j] += dx;
@@ -98,24 +100,59 @@ pub(crate) fn stats(view: &PartitionView<'_>, column: u32, pred: Option<&Range>)
         .map_or(0.0, |i| col.get(i));
     let k = if k.is_finite() { k } else { 0.0 };
     let mut acc = Acc::new();
+    // The predicate's bounds are compared with `&`, not `&&`: no branch, so the loops vectorize.
     match (col, sel_col) {
-        (Col::F64(v), None) => run(&mut acc, v.len(), k, |i| (true, v[i])),
-        (Col::F64(v), Some((Col::F64(_), lo, hi))) => run(&mut acc, v.len(), k, |i| {
-            let x = v[i];
-            (x >= lo && x < hi, x)
-        }),
-        (Col::I64(v), None) => run(&mut acc, v.len(), k, |i| (true, v[i] as f64)),
-        (Col::I64(v), Some((Col::I64(_), lo, hi))) => run(&mut acc, v.len(), k, |i| {
-            let x = v[i] as f64;
-            (x >= lo && x < hi, x)
-        }),
+        (Col::F64(v), None) => acc = f64_all(v, k),
+        (Col::F64(v), Some((Col::F64(_), lo, hi))) => acc = f64_range(v, k, lo, hi),
+        (Col::I64(v), None) => acc = i64_all(v, k),
+        (Col::I64(v), Some((Col::I64(_), lo, hi))) => acc = i64_range(v, k, lo, hi),
         (col, None) => run(&mut acc, n, k, |i| (true, col.get(i))),
         (col, Some((sc, lo, hi))) => run(&mut acc, n, k, |i| {
             let y = sc.get(i);
-            (y >= lo && y < hi, col.get(i))
+            ((y >= lo) & (y < hi), col.get(i))
         }),
     }
     acc.finish(k)
+}
+
+// The scalar columns' loops, built for AVX2 too (`simd.rs`).
+dispatch!(fn f64_all(v: &[f64], k: f64) -> Acc => f64_all_body);
+dispatch!(fn f64_range(v: &[f64], k: f64, lo: f64, hi: f64) -> Acc => f64_range_body);
+dispatch!(fn i64_all(v: &[i64], k: f64) -> Acc => i64_all_body);
+dispatch!(fn i64_range(v: &[i64], k: f64, lo: f64, hi: f64) -> Acc => i64_range_body);
+
+#[inline(always)]
+fn f64_all_body(v: &[f64], k: f64) -> Acc {
+    let mut acc = Acc::new();
+    run(&mut acc, v.len(), k, |i| (true, v[i]));
+    acc
+}
+
+#[inline(always)]
+fn f64_range_body(v: &[f64], k: f64, lo: f64, hi: f64) -> Acc {
+    let mut acc = Acc::new();
+    run(&mut acc, v.len(), k, |i| {
+        let x = v[i];
+        ((x >= lo) & (x < hi), x)
+    });
+    acc
+}
+
+#[inline(always)]
+fn i64_all_body(v: &[i64], k: f64) -> Acc {
+    let mut acc = Acc::new();
+    run(&mut acc, v.len(), k, |i| (true, v[i] as f64));
+    acc
+}
+
+#[inline(always)]
+fn i64_range_body(v: &[i64], k: f64, lo: f64, hi: f64) -> Acc {
+    let mut acc = Acc::new();
+    run(&mut acc, v.len(), k, |i| {
+        let x = v[i] as f64;
+        ((x >= lo) & (x < hi), x)
+    });
+    acc
 }
 
 #[inline(always)]

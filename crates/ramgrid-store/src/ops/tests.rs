@@ -251,3 +251,37 @@ fn stats_stay_exact_far_from_zero() {
         var
     );
 }
+
+#[test]
+fn infinite_values_outside_the_predicate_leave_the_stats_finite() {
+    // Masking unselected values by multiplying by 0 turned inf into NaN.
+    let xs = [
+        1.0,
+        f64::INFINITY,
+        2.0,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        4.0,
+        3.0,
+        100.0,
+        5.0,
+    ];
+    let vals: Vec<ValueRef<'_>> = xs.iter().map(|&x| ValueRef::F64(x)).collect();
+    let t = table(ValueType::F64, &vals);
+    let op = Op::Stats {
+        column: 0,
+        pred: Some(Range {
+            component: 0,
+            lo: 0.0,
+            hi: 10.0,
+        }),
+    };
+    let OpOutput::Stats(s) = run_on(&t, &op).unwrap() else {
+        panic!()
+    };
+    assert_eq!((s.count, s.sum, s.min, s.max), (5, 15.0, 1.0, 5.0));
+    assert!(
+        (s.mean - 3.0).abs() < 1e-12 && (s.m2 - 10.0).abs() < 1e-9,
+        "{s:?}"
+    );
+}
