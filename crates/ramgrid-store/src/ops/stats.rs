@@ -153,8 +153,8 @@ fn lanes<T: Copy>(v: &[T], k: f64, f: impl Fn(T) -> (bool, f64)) -> Acc {
     let mut acc = Acc::new();
     let mut chunks = v.chunks_exact(L);
     for ch in &mut chunks {
-        for j in 0..L {
-            let (sel, x) = f(ch[j]);
+        for (j, &x) in ch.iter().enumerate() {
+            let (sel, x) = f(x);
             acc.add(j, sel, x, k);
         }
     }
