@@ -342,6 +342,8 @@ def decode_request_body(opcode: str, body: bytes) -> dict:
         f = {"table": r.name(), "version": r.u32("version")}
         if r.pos < len(r.buf):
             f["creator"] = r.u64("creator")
+            if f["creator"] == 0:  # non-zero when present (6.3): an explicit 0 would re-encode without it
+                raise WireError("malformed", "creator 0")
     elif opcode == "SET_SPEC":
         f = {"spec_hex": r.bytes32("spec").hex()}
     elif opcode == "RAFT":

@@ -131,9 +131,13 @@ impl<'a> VersionRef<'a> {
     pub(crate) fn read(r: &mut Reader<'a>) -> Result<VersionRef<'a>, FrameError> {
         let table = r.name("table name")?;
         let version = r.u32("version")?;
-        // Optional trailing creator (clients before it send none).
+        // Optional trailing creator (clients before it send none). When present it is non-zero
+        // (protocol-native 6.3): an explicit 0 would mean "none" and re-encode without it.
         let creator = if r.remaining() > 0 {
-            r.u64("creator")?
+            match r.u64("creator")? {
+                0 => return Err(FrameError::Malformed("creator 0 (omit it instead)")),
+                c => c,
+            }
         } else {
             0
         };

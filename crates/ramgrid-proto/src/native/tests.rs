@@ -482,3 +482,37 @@ fn hostile_counts_do_not_allocate_or_panic() {
         Err(FrameError::Truncated("partition"))
     );
 }
+
+#[test]
+fn a_version_reference_with_an_explicit_zero_creator_is_malformed() {
+    // Found by the native_frame fuzz target: a trailing creator 0 decoded, then re-encoded without
+    // it, so the frame was not canonical. The spec (6.3) makes the creator non-zero when present.
+    let mut body = Vec::new();
+    VersionRef::new("t", 3).write(&mut body).unwrap();
+    for op in [
+        Opcode::CreateVersion,
+        Opcode::SealVersion,
+        Opcode::SetCurrent,
+        Opcode::DropVersion,
+    ] {
+        assert!(Request::decode_body(op, &body).is_ok());
+        let mut zero = body.clone();
+        zero.extend_from_slice(&0u64.to_le_bytes());
+        assert!(matches!(
+            Request::decode_body(op, &zero),
+            Err(FrameError::Malformed(_))
+        ));
+        let mut seven = body.clone();
+        seven.extend_from_slice(&7u64.to_le_bytes());
+        let Ok(
+            Request::SealVersion(v)
+            | Request::CreateVersion(v)
+            | Request::SetCurrent(v)
+            | Request::DropVersion(v),
+        ) = Request::decode_body(op, &seven)
+        else {
+            panic!("{op:?} with creator 7 does not decode")
+        };
+        assert_eq!(v.creator, 7);
+    }
+}
