@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::scan::{page, Entries};
+use super::tests::new_table;
 use super::*;
-use crate::tables::{Durability, TableSpec, Tables, TablesConfig, ValueRef};
+use crate::tables::{Tables, ValueRef};
 
 /// A value in a type-independent form: its column number (component 0 / the scalar) and bytes.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,26 +68,6 @@ const TYPES: [ValueType; 4] = [
     ValueType::F32Vec { dim: 3 },
     ValueType::Bytes,
 ];
-
-fn new_table(vt: ValueType) -> Tables {
-    let t = Tables::new(TablesConfig {
-        memory_limit: 256 << 20,
-        max_value_size: 1 << 20,
-    });
-    t.create_table(
-        TableSpec {
-            name: "t".into(),
-            partitions: 1,
-            replication: 1,
-            value_type: vt,
-            durability: Durability::Memory,
-            incarnation: 1,
-        },
-        &[0],
-    )
-    .unwrap();
-    t
-}
 
 /// Applies `ops` (key, Some(value) = put, None = delete) to the table and the model.
 fn apply(

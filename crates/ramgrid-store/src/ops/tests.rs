@@ -5,7 +5,8 @@ use proptest::prelude::*;
 use super::*;
 use crate::tables::{Durability, TableSpec, Tables, TablesConfig, ValueRef};
 
-fn table(vt: ValueType, values: &[ValueRef<'_>]) -> Tables {
+/// An empty table "t" of one partition held here (also the scan tests').
+pub(super) fn new_table(vt: ValueType) -> Tables {
     let t = Tables::new(TablesConfig {
         memory_limit: 256 << 20,
         max_value_size: 1 << 20,
@@ -22,6 +23,11 @@ fn table(vt: ValueType, values: &[ValueRef<'_>]) -> Tables {
         &[0],
     )
     .unwrap();
+    t
+}
+
+fn table(vt: ValueType, values: &[ValueRef<'_>]) -> Tables {
+    let t = new_table(vt);
     let keys: Vec<Vec<u8>> = (0..values.len())
         .map(|i| format!("k{i}").into_bytes())
         .collect();
