@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ramgrid._local import LocalGrid, local
     from ramgrid.config import parse_spec
     from ramgrid.exceptions import RamgridError
+    from ramgrid.tls import TLS
     from ramgrid.grid import Grid, GridConfig, PinnedTable, Table, VersionPart, VersionWriter, connect
 
 __version__ = "0.1.0"
@@ -39,6 +40,7 @@ _LAZY = {
     "LocalGrid": "ramgrid._local",
     "RamgridError": "ramgrid.exceptions",
     "parse_spec": "ramgrid.config",
+    "TLS": "ramgrid.tls",
 }
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "LocalGrid",
     "PinnedTable",
     "RamgridError",
+    "TLS",
     "Table",
     "VersionPart",
     "VersionWriter",

@@ -24,6 +24,7 @@ from typing import Any
 
 from ramgrid.exceptions import RamgridError, ServerStartError
 from ramgrid.grid import Grid, GridConfig, client_for, release_client
+from ramgrid.tls import TLS
 
 __all__ = ["LocalGrid", "ServerProcess", "local", "start_servers", "stop_processes"]
 
@@ -38,6 +39,10 @@ _SCRUBBED_ENV = (
     "RAMGRID_CLUSTER_SPEC",
     "RAMGRID_JOIN",
     "RAMGRID_TOKEN",
+    "RAMGRID_TLS_CERT",
+    "RAMGRID_TLS_KEY",
+    "RAMGRID_TLS_CLIENT_CA",
+    "RAMGRID_TLS_CA",
 )
 
 
@@ -219,6 +224,7 @@ class LocalGrid(Grid):
         start_timeout: float = 30.0,
         extra_args: Sequence[str] = (),
         data_dir: str | os.PathLike[str] | None = None,
+        tls: TLS | None = None,
     ) -> None:
         tmpdir = tempfile.mkdtemp(prefix="ramgrid-local-")
         self._start = {
@@ -236,7 +242,9 @@ class LocalGrid(Grid):
             raise
         self._tmpdir = tmpdir
         addresses = tuple(str(sp.address) for sp in self._servers)
-        config = GridConfig(servers=addresses, token=token, timeout=timeout, ack=ack, near_cache_bytes=near_cache_bytes)
+        config = GridConfig(
+            servers=addresses, token=token, timeout=timeout, ack=ack, near_cache_bytes=near_cache_bytes, tls=tls
+        )
         super().__init__(config)
         # The finalizer stops whatever processes this list holds when it runs (restart(), add_server() and
         # remove_server() keep it equal to the running servers', in place).
@@ -415,7 +423,8 @@ def local(
 
     `memory` is each server's table memory (e.g. "256MiB"); `threads` its worker threads; `token`, if given, is
     required from clients (the returned handle presents it). Other keyword options: timeout, ack,
-    near_cache_bytes, start_timeout, extra_args (more ramgrid-server flags), data_dir (server i keeps the
+    near_cache_bytes, start_timeout, extra_args (more ramgrid-server flags: TLS servers take --tls-cert, --tls-key and
+    --tls-ca here), tls (a `ramgrid.TLS` for the returned handle, to reach such servers), data_dir (server i keeps the
     snapshots of `durability="snapshot"` tables, and the snapshots and logs of `"log"` tables, in
     `data_dir/server-i`, so `restart(i)` brings them back). Use it as a context manager, or call `close()`; it
     is also cleaned up at exit. `add_server()`, `remove_server(i)` and `restart(i)` grow, shrink and repair it

@@ -36,6 +36,9 @@ def _common(parser: argparse.ArgumentParser, top: bool) -> None:
     g = parser.add_argument_group("cluster address")
     g.add_argument("--spec", default=d, help="servers: host:port[,host:port...] or a spec file (env RAMGRID_SPEC)")
     g.add_argument("--token", default=d, help="auth token (env RAMGRID_TOKEN)")
+    g.add_argument("--tls-ca", default=d, help="connect over TLS, trusting this CA file (env RAMGRID_TLS_CA)")
+    g.add_argument("--tls-cert", default=d, help="TLS client certificate file (env RAMGRID_TLS_CERT)")
+    g.add_argument("--tls-key", default=d, help="key of --tls-cert (env RAMGRID_TLS_KEY)")
     g.add_argument(
         "--config", default=d, help="TOML settings file (default ./ramgrid.toml, ~/.config/ramgrid/config.toml)"
     )
@@ -148,7 +151,20 @@ def _grid(args: argparse.Namespace) -> Any:
     import ramgrid
 
     try:
-        s = resolve_settings(spec=args.spec, token=args.token, timeout=args.timeout, config=args.config)
+        s = resolve_settings(
+            spec=args.spec,
+            token=args.token,
+            timeout=args.timeout,
+            config=args.config,
+            tls_ca=getattr(args, "tls_ca", None),
+            tls_cert=getattr(args, "tls_cert", None),
+            tls_key=getattr(args, "tls_key", None),
+        )
+        tls = None
+        if s.tls_ca is not None:
+            tls = ramgrid.TLS(ca=s.tls_ca, cert=s.tls_cert, key=s.tls_key)
+        elif s.tls_cert is not None or s.tls_key is not None:
+            raise ValueError("--tls-cert and --tls-key need --tls-ca (the CA that signed the servers' certificates)")
     except ValueError as e:
         raise CliError(str(e)) from None
     spec = s.spec
@@ -162,7 +178,9 @@ def _grid(args: argparse.Namespace) -> Any:
                 "or start one with `ramgrid cluster up`"
             )
     try:
-        return ramgrid.connect(spec, token=s.token, timeout=s.timeout, ack=s.ack, near_cache_bytes=s.near_cache_bytes)
+        return ramgrid.connect(
+            spec, token=s.token, timeout=s.timeout, ack=s.ack, near_cache_bytes=s.near_cache_bytes, tls=tls
+        )
     except ValueError as e:
         raise CliError(str(e)) from None
 

@@ -18,6 +18,9 @@ SpecLike = Union[str, "os.PathLike[str]", Sequence[str]]
 
 ENV_SPEC = "RAMGRID_SPEC"
 ENV_TOKEN = "RAMGRID_TOKEN"
+ENV_TLS_CA = "RAMGRID_TLS_CA"
+ENV_TLS_CERT = "RAMGRID_TLS_CERT"
+ENV_TLS_KEY = "RAMGRID_TLS_KEY"
 ENV_CONFIG = "RAMGRID_CONFIG"
 ENV_STATE_DIR = "RAMGRID_STATE_DIR"
 
@@ -133,7 +136,8 @@ def _toml_loads(text: str) -> dict[str, Any]:
 
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Reads a TOML settings file. Recognised keys: `spec` (list or comma string of host:port, or a spec file path),
-    `token`, `timeout` (seconds), `ack`, `near_cache_bytes`, `state_dir`. A `[ramgrid]` table may hold them too."""
+    `token`, `timeout` (seconds), `ack`, `near_cache_bytes`, `state_dir`, `tls_ca`, `tls_cert`, `tls_key`. A
+    `[ramgrid]` table may hold them too."""
     p = Path(path)
     try:
         data = _toml_loads(p.read_text(encoding="utf-8"))
@@ -143,7 +147,7 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ValueError(f"config file {p} is not valid TOML: {e}") from e
     if isinstance(data.get("ramgrid"), dict):
         data = {**{k: v for k, v in data.items() if k != "ramgrid"}, **data["ramgrid"]}
-    known = {"spec", "token", "timeout", "ack", "near_cache_bytes", "state_dir"}
+    known = {"spec", "token", "timeout", "ack", "near_cache_bytes", "state_dir", "tls_ca", "tls_cert", "tls_key"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"config file {p}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -164,6 +168,9 @@ class Settings:
     ack: str = "all"
     near_cache_bytes: int = 0
     state_dir: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
     sources: dict[str, str] = field(default_factory=dict)
 
 
@@ -173,6 +180,9 @@ def resolve_settings(
     token: str | None = None,
     timeout: float | None = None,
     config: str | None = None,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     home: Path | None = None,
@@ -180,7 +190,7 @@ def resolve_settings(
     """Resolves settings with precedence flags > environment > TOML file > defaults.
 
     The file is `config` if given (it must exist), else $RAMGRID_CONFIG, else the first of `default_config_paths()`
-    that exists. Environment: RAMGRID_SPEC, RAMGRID_TOKEN.
+    that exists. Environment: RAMGRID_SPEC, RAMGRID_TOKEN, RAMGRID_TLS_CA, RAMGRID_TLS_CERT, RAMGRID_TLS_KEY.
     """
     env = os.environ if env is None else env
     file_data: dict[str, Any] = {}
@@ -215,6 +225,20 @@ def resolve_settings(
         s.token, s.sources["token"] = env[ENV_TOKEN], f"${ENV_TOKEN}"
     elif file_data.get("token") is not None:
         s.token, s.sources["token"] = str(file_data["token"]), origin
+    for name, flag, var in (
+        ("tls_ca", tls_ca, ENV_TLS_CA),
+        ("tls_cert", tls_cert, ENV_TLS_CERT),
+        ("tls_key", tls_key, ENV_TLS_KEY),
+    ):
+        if flag is not None:
+            setattr(s, name, flag)
+            s.sources[name] = "flag"
+        elif env.get(var):
+            setattr(s, name, env[var])
+            s.sources[name] = f"${var}"
+        elif file_data.get(name) is not None:
+            setattr(s, name, str(file_data[name]))
+            s.sources[name] = origin
     if timeout is not None:
         s.timeout, s.sources["timeout"] = float(timeout), "flag"
     elif file_data.get("timeout") is not None:

@@ -20,6 +20,7 @@ import numpy as np
 from ramgrid._keys import NativeKeys, convert_keys, convert_values, fit_values, key_count
 from ramgrid._metrics import table_figures
 from ramgrid.config import SpecLike, parse_spec
+from ramgrid.tls import TLS
 from ramgrid.exceptions import KeysNotFound, RamgridError
 from ramgrid.ops import _Operators
 from ramgrid.reduce import _Reduce
@@ -70,8 +71,11 @@ class GridConfig:
     near_cache_bytes: int = 0
     pool_size: int = 4
     call_timeout: float = 30.0
+    tls: TLS | None = None
 
     def __post_init__(self) -> None:
+        if self.tls is not None and not isinstance(self.tls, TLS):
+            raise TypeError(f"tls must be a ramgrid.TLS or None, not {type(self.tls).__name__}")
         if self.ack not in _ACKS:
             raise ValueError(f"ack must be one of {', '.join(_ACKS)}, got {self.ack!r}")
         if not self.timeout > 0 or not self.connect_timeout > 0 or not self.call_timeout > 0:
@@ -91,8 +95,15 @@ class GridConfig:
                 near_cache_bytes=int(self.near_cache_bytes),
                 pool_size=int(self.pool_size),
                 call_timeout_ms=max(1, int(self.call_timeout * 1000)),
+                **_tls_kwargs(self.tls),
             ),
         )
+
+
+def _tls_kwargs(tls: TLS | None) -> dict[str, str | None]:
+    if tls is None:
+        return {}
+    return {"tls_ca": tls.ca, "tls_cert": tls.cert, "tls_key": tls.key, "tls_server_name": tls.server_name}
 
 
 class _Registry:
@@ -687,6 +698,7 @@ def connect(
     connect_timeout: float = 1.0,
     pool_size: int = 4,
     call_timeout: float = 30.0,
+    tls: TLS | None = None,
 ) -> Grid:
     """A handle on the cluster named by `spec`: a list of "host:port", a comma-separated string of them, or the
     path of a spec file (one host:port per line). The order of servers defines the partition map, so every client
@@ -694,7 +706,8 @@ def connect(
 
     `timeout`: seconds per request; `call_timeout`: seconds per call at most, every retry and failover included;
     `ack`: replicas that must acknowledge a write ("all", "majority", "one");
-    `near_cache_bytes`: size of the in-process cache for pinned (immutable) versions, 0 = off.
+    `near_cache_bytes`: size of the in-process cache for pinned (immutable) versions, 0 = off;
+    `tls`: a `ramgrid.TLS` to connect over TLS (servers started with --tls-cert; docs/tls.md).
     Connections are opened on first use, in whichever process uses the handle.
     """
     servers = tuple(parse_spec(spec))
@@ -708,5 +721,6 @@ def connect(
             near_cache_bytes=int(near_cache_bytes),
             pool_size=int(pool_size),
             call_timeout=float(call_timeout),
+            tls=tls,
         )
     )

@@ -53,6 +53,8 @@ pub struct ClientConfig {
     pub servers: Vec<String>,
     /// Auth token presented in HELLO.
     pub token: Option<String>,
+    /// TLS to every server (servers started with `--tls-cert`); `None` for plain TCP.
+    pub tls: Option<crate::tls::TlsConfig>,
     /// Limit for each request round trip (every round of a batch gets its own).
     pub timeout: Duration,
     /// Limit for a whole call, every round, failover and retry included: no call returns later
@@ -79,6 +81,7 @@ impl ClientConfig {
         ClientConfig {
             servers,
             token: None,
+            tls: None,
             timeout: Duration::from_secs(5),
             call_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(1),
@@ -253,6 +256,10 @@ impl Client {
             connect_timeout: config.connect_timeout,
             timeout: config.timeout,
             token: config.token,
+            tls: match &config.tls {
+                None => None,
+                Some(t) => Some(crate::tls::ClientTls::load(t)?),
+            },
             pool_size: config.pool_size,
             client_name: config.client_name,
         };
@@ -350,7 +357,12 @@ impl Client {
                 let stats = if left.is_zero() {
                     Err(deadline::timeout_error(addr))
                 } else {
-                    crate::stats::fetch(addr, settings.connect_timeout.min(left), left)
+                    crate::stats::fetch(
+                        addr,
+                        settings.connect_timeout.min(left),
+                        left,
+                        settings.tls.as_ref(),
+                    )
                 };
                 (addr.clone(), stats)
             })

@@ -7,7 +7,7 @@
 //! before reuse ([`Conn::is_alive`]): one the server closed while it sat idle (a restart) is dropped
 //! before a request is written on it.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
@@ -20,6 +20,7 @@ use ramgrid_proto::native::{
 use crate::deadline;
 use crate::error::{Error, Result};
 use crate::health::Health;
+use crate::tls::{ClientTls, Stream};
 
 /// Largest reply body the client accepts (a GET of many large values); a longer header means the
 /// stream is out of sync.
@@ -41,13 +42,15 @@ pub(crate) struct ConnSettings {
     pub(crate) connect_timeout: Duration,
     pub(crate) timeout: Duration,
     pub(crate) token: Option<String>,
+    /// TLS to every server, when configured.
+    pub(crate) tls: Option<ClientTls>,
     pub(crate) pool_size: usize,
     pub(crate) client_name: String,
 }
 
 /// An open, authenticated connection.
 pub(crate) struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     /// Where the next request frame is encoded (kept between requests to avoid reallocating).
     pub(crate) wbuf: Vec<u8>,
     rbuf: Vec<u8>,
@@ -93,7 +96,7 @@ impl Conn {
         if connect_timeout.is_zero() {
             return Err(deadline::timeout_error(server));
         }
-        let mut conn = Conn::connect(server, connect_timeout)?;
+        let mut conn = Conn::connect(server, connect_timeout, settings.tls.as_ref())?;
         let token = settings.token.as_deref().unwrap_or("").as_bytes();
         let hello = Request::Hello(Hello {
             protocol_version: PROTOCOL_VERSION,
@@ -138,8 +141,8 @@ impl Conn {
         Ok((conn, max_body))
     }
 
-    /// Connects (bounded by `connect_timeout`) and sets up the socket.
-    fn connect(server: &str, connect_timeout: Duration) -> Result<Conn> {
+    /// Connects (bounded by `connect_timeout`) and sets up the socket, and TLS over it if `tls`.
+    fn connect(server: &str, connect_timeout: Duration, tls: Option<&ClientTls>) -> Result<Conn> {
         let addrs: Vec<SocketAddr> = server
             .to_socket_addrs()
             .map_err(|e| Error::Connect {
@@ -156,6 +159,10 @@ impl Conn {
                         server: server.to_string(),
                         source: e,
                     })?;
+                    let stream = match tls {
+                        None => Stream::Plain(stream),
+                        Some(tls) => tls.wrap(server, stream)?,
+                    };
                     return Ok(Conn {
                         stream,
                         wbuf: Vec::new(),
@@ -205,6 +212,7 @@ impl Conn {
             return Err(deadline::timeout_error(server));
         }
         self.stream
+            .tcp()
             .set_write_timeout(Some(left))
             .map_err(|e| io_err(server, e))?;
         self.stream.write_all(frame).map_err(|e| io_err(server, e))
@@ -291,25 +299,18 @@ impl Conn {
             let len = self.rbuf.len();
             let room = want.saturating_sub(len).max(READ_CHUNK);
             self.rbuf.resize(len + room, 0);
-            // SAFETY: `rbuf[len..]` is valid for writes of `room` bytes for the whole call, and the
-            // fd belongs to `stream`, which outlives it.
-            let n = unsafe {
-                libc::recv(
-                    self.stream.as_raw_fd(),
-                    self.rbuf[len..].as_mut_ptr().cast(),
-                    room,
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if n > 0 {
-                self.rbuf.truncate(len + n as usize);
-                continue;
+            let r = self.stream.read_now(&mut self.rbuf[len..]);
+            if let Ok(n) = r {
+                if n > 0 {
+                    self.rbuf.truncate(len + n);
+                    continue;
+                }
             }
             self.rbuf.truncate(len);
-            if n == 0 {
-                return Err(closed(server));
-            }
-            let e = io::Error::last_os_error();
+            let e = match r {
+                Ok(_) => return Err(closed(server)),
+                Err(e) => e,
+            };
             match e.kind() {
                 io::ErrorKind::WouldBlock => return Ok(false),
                 io::ErrorKind::Interrupted => {}
@@ -325,7 +326,8 @@ impl Conn {
 
     /// The socket, to wait on several connections at once.
     pub(crate) fn fd(&self) -> RawFd {
-        self.stream.as_raw_fd()
+        // Over TLS too: `try_fill` leaves nothing decrypted above the socket before a poll.
+        self.stream.tcp().as_raw_fd()
     }
 
     /// Whether a pooled connection can still be used: the server has not closed it (a restart, or it
@@ -335,13 +337,14 @@ impl Conn {
         // SAFETY: one byte of valid memory; the fd belongs to `stream`.
         let n = unsafe {
             libc::recv(
-                self.stream.as_raw_fd(),
+                self.stream.tcp().as_raw_fd(),
                 (&mut byte as *mut u8).cast(),
                 1,
                 libc::MSG_PEEK | libc::MSG_DONTWAIT,
             )
         };
-        // -1 with EAGAIN: nothing to read, open. 0: closed. Bytes: out of step. Other errors: broken.
+        // -1 with EAGAIN: nothing to read, open. 0: closed. Bytes: out of step (over TLS, a
+        // record the server sent unasked, such as its close_notify). Other errors: broken.
         n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock
     }
 
@@ -358,10 +361,11 @@ impl Conn {
             let len = self.rbuf.len();
             let room = (want - len).max(READ_CHUNK);
             self.rbuf.resize(len + room, 0);
-            let r = match spin_read(&self.stream, &mut self.rbuf[len..]) {
+            let r = match spin_read(&mut self.stream, &mut self.rbuf[len..]) {
                 Some(r) => r,
                 None => {
                     self.stream
+                        .tcp()
                         .set_read_timeout(Some(left))
                         .map_err(|e| io_err(server, e))?;
                     self.stream.read(&mut self.rbuf[len..])
@@ -448,24 +452,13 @@ impl Pool {
 
 /// Reads without blocking, yielding the CPU between tries, for up to [`SPIN`]; `None` when nothing arrived in that time (the
 /// caller then blocks, with its timeout).
-fn spin_read(stream: &TcpStream, buf: &mut [u8]) -> Option<io::Result<usize>> {
-    use std::os::fd::AsRawFd;
+fn spin_read(stream: &mut Stream, buf: &mut [u8]) -> Option<io::Result<usize>> {
     let start = Instant::now();
     loop {
-        // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the whole call, and the fd
-        // belongs to `stream`, which outlives it.
-        let n = unsafe {
-            libc::recv(
-                stream.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT,
-            )
+        let e = match stream.read_now(buf) {
+            Ok(n) => return Some(Ok(n)),
+            Err(e) => e,
         };
-        if n >= 0 {
-            return Some(Ok(n as usize));
-        }
-        let e = io::Error::last_os_error();
         match e.kind() {
             // Yield rather than spin: when the server (or another task) is runnable on this core
             // it runs at once instead of waiting for our poll to end.

@@ -1,7 +1,7 @@
 //! Server statistics over the memcached text protocol (`stats`), which every ramgrid server also
 //! speaks on the same port: one short-lived connection per call, nothing pooled.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ pub(crate) fn fetch(
     addr: &str,
     connect_timeout: Duration,
     timeout: Duration,
+    tls: Option<&crate::tls::ClientTls>,
 ) -> Result<Vec<(String, String)>> {
     let conn_err = |e: std::io::Error| Error::Connect {
         server: addr.to_string(),
@@ -30,7 +31,7 @@ pub(crate) fn fetch(
                 "address resolved to nothing",
             ))
         })?;
-    let mut stream = TcpStream::connect_timeout(&sock, connect_timeout).map_err(conn_err)?;
+    let stream = TcpStream::connect_timeout(&sock, connect_timeout).map_err(conn_err)?;
     let io = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::Timeout {
             server: addr.to_string(),
@@ -42,8 +43,21 @@ pub(crate) fn fetch(
     };
     stream.set_read_timeout(Some(timeout)).map_err(io)?;
     stream.set_write_timeout(Some(timeout)).map_err(io)?;
+    let mut stream = match tls {
+        None => crate::tls::Stream::Plain(stream),
+        Some(tls) => tls.wrap(addr, stream)?,
+    };
     stream.write_all(b"stats\r\n").map_err(io)?;
-    parse(BufReader::new(stream), addr)
+    parse(BufReader::new(Blocking(stream)), addr)
+}
+
+/// The stream's blocking reads, for `BufReader`.
+struct Blocking(crate::tls::Stream);
+
+impl Read for Blocking {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(buf)
+    }
 }
 
 fn parse(mut r: impl BufRead, addr: &str) -> Result<Vec<(String, String)>> {

@@ -330,7 +330,7 @@ impl Client {
         reason = "mirrors the Python constructor's keyword arguments"
     )]
     #[new]
-    #[pyo3(signature = (servers, token=None, timeout_ms=5000, connect_timeout_ms=1000, ack="all", near_cache_bytes=0, pool_size=4, call_timeout_ms=30000))]
+    #[pyo3(signature = (servers, token=None, timeout_ms=5000, connect_timeout_ms=1000, ack="all", near_cache_bytes=0, pool_size=4, call_timeout_ms=30000, tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None))]
     fn new(
         py: Python<'_>,
         servers: Vec<String>,
@@ -341,9 +341,21 @@ impl Client {
         near_cache_bytes: usize,
         pool_size: usize,
         call_timeout_ms: u64,
+        tls_ca: Option<std::path::PathBuf>,
+        tls_cert: Option<std::path::PathBuf>,
+        tls_key: Option<std::path::PathBuf>,
+        tls_server_name: Option<String>,
     ) -> PyResult<Client> {
         let mut cfg = ClientConfig::new(servers);
         cfg.token = token;
+        // TLS is on when a CA is given; a certificate, key or name without one is an error the
+        // Python layer reports first (ramgrid.TLS).
+        cfg.tls = tls_ca.map(|ca| ramgrid_client::TlsConfig {
+            ca,
+            cert: tls_cert,
+            key: tls_key,
+            server_name: tls_server_name,
+        });
         cfg.timeout = Duration::from_millis(timeout_ms.max(1));
         cfg.call_timeout = Duration::from_millis(call_timeout_ms.max(1));
         cfg.connect_timeout = Duration::from_millis(connect_timeout_ms.max(1));

@@ -74,6 +74,21 @@ pub struct Config {
     /// With a token: close a connection that has not authenticated within this many seconds.
     #[arg(long, default_value_t = 10)]
     pub auth_timeout_secs: u64,
+    /// TLS certificate chain (PEM, leaf first). With it every connection on the port, both
+    /// protocols, is TLS (docs/tls.md); the token is still required off loopback.
+    #[arg(long, env = "RAMGRID_TLS_CERT")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "RAMGRID_TLS_KEY")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// Require a client certificate signed by this CA (PEM) on every connection. Peers then
+    /// present their own --tls-cert as their client certificate.
+    #[arg(long, env = "RAMGRID_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<std::path::PathBuf>,
+    /// The CA (PEM) that signed the peers' certificates, to verify them on server-to-server
+    /// connections; defaults to --tls-client-ca.
+    #[arg(long, env = "RAMGRID_TLS_CA")]
+    pub tls_ca: Option<std::path::PathBuf>,
     /// Data directory: tables created with durability "snapshot" write each sealed version
     /// here and are loaded from it at start (docs/ARCHITECTURE.md, "Durable tables"). Without
     /// it every table lives in memory only.

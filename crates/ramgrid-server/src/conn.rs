@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -15,7 +14,7 @@ use crate::stats::{Shared, WorkerStats};
 /// Serves one connection: the first byte tells the native protocol (magic 0xA7) from memcached's
 /// text and meta protocols.
 pub async fn serve(
-    mut sock: TcpStream,
+    mut sock: impl crate::io::Stream,
     shared: &Shared,
     native_state: &NativeState,
     stats: &WorkerStats,

@@ -1,12 +1,14 @@
 //! Socket I/O shared by both protocols' connection loops: a read that gives way to shutdown and to
 //! the authentication deadline, and a flush bounded by the write timeout that gives a burst's reply
 //! memory back to the buffer budget. The buffer sizes of both loops are named here, side by side.
+//!
+//! The loops are generic over [`Stream`]: a plain `TcpStream`, or TLS over one (`crate::tls`).
+//! Each is compiled once per stream type, so the plain path is the same code it was before TLS.
 
 use std::io;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -26,10 +28,14 @@ pub(crate) const NATIVE_OUT_HIGH_WATER: usize = 1 << 20;
 /// buffer budget while held (see [`crate::buffers`]).
 pub(crate) const OUT_BASE: usize = 64 << 10;
 
+/// A client connection's byte stream: a TCP socket, or TLS over one.
+pub trait Stream: AsyncRead + AsyncWrite + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Unpin> Stream for T {}
+
 /// Reads what the socket has into `buf` and counts it; `None` when the peer closed, the read
 /// failed, the server is shutting down, or `deadline` (if any) passed first.
 pub(crate) async fn read_or_stop(
-    sock: &mut TcpStream,
+    sock: &mut impl Stream,
     buf: &mut [u8],
     stop: &mut watch::Receiver<bool>,
     stats: &WorkerStats,
@@ -57,14 +63,19 @@ pub(crate) async fn read_or_stop(
 /// empties it, giving back (to the allocator and to the buffer budget) memory a burst made it
 /// grow to. What it holds beyond its base is charged while it waits to be written.
 pub(crate) async fn flush(
-    sock: &mut TcpStream,
+    sock: &mut impl Stream,
     out: &mut Vec<u8>,
     stats: &WorkerStats,
     timeout: Duration,
     mem: &mut ConnMemory<'_>,
 ) -> io::Result<()> {
     mem.settle_reply(out.capacity().saturating_sub(OUT_BASE));
-    let r = match tokio::time::timeout(timeout, sock.write_all(out)).await {
+    // The flush is a no-op on a TCP socket; TLS may hold the last record until it.
+    let write = async {
+        sock.write_all(out).await?;
+        sock.flush().await
+    };
+    let r = match tokio::time::timeout(timeout, write).await {
         Ok(r) => r,
         Err(_) => Err(io::Error::new(
             io::ErrorKind::TimedOut,

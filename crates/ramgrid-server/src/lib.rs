@@ -20,6 +20,7 @@ pub mod persist;
 pub mod repair;
 pub mod server;
 pub mod stats;
+pub mod tls;
 pub mod wal;
 
 pub use config::Config;

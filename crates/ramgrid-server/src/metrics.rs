@@ -450,6 +450,12 @@ pub fn render(shared: &Shared, native: &NativeState) -> String {
         load(&shared.rejected_connections),
     );
     out.metric(
+        "ramgrid_tls_handshake_failures_total",
+        "counter",
+        "connections closed because their TLS handshake failed or timed out",
+        sum(|w| &w.tls_handshake_failures),
+    );
+    out.metric(
         "ramgrid_bytes_read_total",
         "counter",
         "bytes read from clients, both protocols",

@@ -1,6 +1,7 @@
 //! A blocking native-protocol connection from this server to a peer, for the repair thread
 //! (spec, catalog and partition copies). One request at a time, every step under a timeout, so
-//! a dead or hung peer costs a timeout and never a stuck thread.
+//! a dead or hung peer costs a timeout and never a stuck thread. When the server has TLS the
+//! connection is TLS too (`crate::tls`), under the same socket timeouts.
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -32,17 +33,25 @@ impl std::fmt::Display for PeerError {
     }
 }
 
+/// A peer connection's byte stream: plain TCP or TLS over it.
+trait Wire: Read + Write + Send {}
+impl<T: Read + Write + Send> Wire for T {}
+
 /// An open, authenticated connection to one peer.
 pub struct Peer {
     addr: String,
-    sock: TcpStream,
+    sock: Box<dyn Wire>,
     buf: Vec<u8>,
     next_id: u64,
 }
 
 impl Peer {
-    /// Connects to `addr` and says HELLO with `token`.
-    pub fn connect(addr: &str, token: Option<&str>) -> Result<Peer, PeerError> {
+    /// Connects to `addr` (over TLS when `tls` is given) and says HELLO with `token`.
+    pub fn connect(
+        addr: &str,
+        token: Option<&str>,
+        tls: Option<&crate::tls::Tls>,
+    ) -> Result<Peer, PeerError> {
         let failed =
             |what: &str, e: std::io::Error| PeerError::Failed(format!("{addr}: {what}: {e}"));
         let sa = addr
@@ -57,6 +66,17 @@ impl Peer {
         sock.set_write_timeout(Some(TIMEOUT))
             .map_err(|e| failed("socket", e))?;
         let _ = sock.set_nodelay(true);
+        let sock: Box<dyn Wire> = match tls {
+            None => Box::new(sock),
+            Some(tls) => {
+                let config = tls.peer_config().map_err(PeerError::Failed)?;
+                let name = crate::tls::server_name(addr).map_err(PeerError::Failed)?;
+                let conn = rustls::ClientConnection::new(config, name)
+                    .map_err(|e| PeerError::Failed(format!("{addr}: TLS: {e}")))?;
+                // The handshake runs on the first write (HELLO), under the socket timeouts.
+                Box::new(rustls::StreamOwned::new(conn, sock))
+            }
+        };
         let mut peer = Peer {
             addr: addr.to_owned(),
             sock,
@@ -95,6 +115,7 @@ impl Peer {
             .map_err(|e| failed(format!("encode: {e}")))?;
         self.sock
             .write_all(&out)
+            .and_then(|_| self.sock.flush())
             .map_err(|e| failed(format!("write: {e}")))?;
         self.buf.clear();
         let mut have = 0usize;

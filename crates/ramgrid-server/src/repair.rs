@@ -148,7 +148,7 @@ fn token(state: &NativeState) -> Option<&str> {
 fn learn_spec(state: &NativeState) {
     let mut seen: HashMap<u64, (usize, ClusterSpec)> = HashMap::new();
     for addr in &state.repair.join {
-        let got = Peer::connect(addr, token(state)).and_then(|mut p| {
+        let got = Peer::connect(addr, token(state), state.tls.as_deref()).and_then(|mut p| {
             p.call(&Request::GetSpec, |r| match r {
                 Response::Spec(s) if s.epoch == 0 => Ok(None),
                 Response::Spec(s) => ClusterSpec::parse_bytes(s.spec)
@@ -195,7 +195,7 @@ fn learn_catalog(state: &NativeState) -> bool {
     }
     let mut answers: Vec<Vec<wire::TableInfo>> = Vec::new();
     for addr in &peers {
-        let got = Peer::connect(addr, token(state)).and_then(|mut p| {
+        let got = Peer::connect(addr, token(state), state.tls.as_deref()).and_then(|mut p| {
             p.call(&Request::ListTables, |r| match r {
                 Response::Tables(t) => Ok(t),
                 other => Err(format!("unexpected reply: {other:?}")),
@@ -482,7 +482,7 @@ type Repairing = (String, u32, u32);
 /// What peer `addr` is repairing (CLUSTER_STATUS `repairing` lines), or `None` if it does not
 /// answer.
 fn repairing_on(state: &NativeState, addr: &str) -> Option<Vec<Repairing>> {
-    let text = Peer::connect(addr, token(state))
+    let text = Peer::connect(addr, token(state), state.tls.as_deref())
         .and_then(|mut p| {
             p.call(&Request::ClusterStatus, |r| match r {
                 Response::Status(t) => Ok(t.to_owned()),
@@ -653,7 +653,7 @@ fn copy_one(
 ) -> Result<(), CopyError> {
     let started = Instant::now();
     if !peers.contains_key(src) {
-        let peer = Peer::connect(src, token(state)).map_err(CopyError::Fetch)?;
+        let peer = Peer::connect(src, token(state), state.tls.as_deref()).map_err(CopyError::Fetch)?;
         peers.insert(src.to_owned(), peer);
     }
     let peer = peers.get_mut(src).expect("just inserted");

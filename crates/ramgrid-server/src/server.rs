@@ -98,6 +98,14 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
             config.listen
         );
     }
+    let tls = crate::tls::load(config)?;
+    if !config.listen.ip().is_loopback() && tls.is_none() {
+        eprintln!(
+            "ramgrid-server: WARNING: listening on {} WITHOUT TLS: the token and all data cross \
+             the network in clear text (see docs/tls.md: --tls-cert, --tls-key)",
+            config.listen
+        );
+    }
     raise_fd_limit(config.max_conns as u64 + 64);
     fix_malloc_thresholds();
     let listener = TcpListener::bind(config.listen)
@@ -153,6 +161,7 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         }),
         cluster: Default::default(),
         token: config.token.clone(),
+        tls: tls.clone(),
         server_id: addr.to_string(),
         max_body: config.max_body(),
         persist: match &config.data_dir {
@@ -374,7 +383,14 @@ fn worker_main(
                     let stop = local_rx.clone();
                     tasks.spawn_local(async move {
                         if let Ok(s) = s.set_nonblocking(true).and_then(|_| tokio::net::TcpStream::from_std(s)) {
-                            conn::serve(s, &shared, &native, &stats, stop, write_timeout).await;
+                            match native.tls.clone() {
+                                None => conn::serve(s, &shared, &native, &stats, stop, write_timeout).await,
+                                Some(tls) => {
+                                    if let Some(s) = handshake(&tls, s, &shared, &stats, stop.clone()).await {
+                                        conn::serve(s, &shared, &native, &stats, stop, write_timeout).await;
+                                    }
+                                }
+                            }
                         }
                         shared.curr_connections.fetch_sub(1, Ordering::Relaxed);
                     });
@@ -387,6 +403,34 @@ fn worker_main(
         // Let connections finish the request in hand, bounded.
         let _ = tokio::time::timeout(SHUTDOWN_GRACE, async { while tasks.join_next().await.is_some() {} }).await;
     });
+}
+
+/// Runs a connection's TLS handshake, bounded by the auth timeout (with or without a token: a
+/// client that never finishes it must not hold a connection slot) and by shutdown. A failure (a
+/// plain-text client, a refused certificate) closes the connection and is counted.
+async fn handshake(
+    tls: &crate::tls::Tls,
+    sock: tokio::net::TcpStream,
+    shared: &Shared,
+    stats: &WorkerStats,
+    mut stop: watch::Receiver<bool>,
+) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    let peer = sock.peer_addr().ok();
+    let failed = |why: &dyn std::fmt::Display| {
+        WorkerStats::add(&stats.tls_handshake_failures, 1);
+        if shared.verbosity.load(Ordering::Relaxed) > 0 {
+            eprintln!("ramgrid-server: TLS handshake with {peer:?} failed: {why}");
+        }
+        None
+    };
+    tokio::select! {
+        r = tokio::time::timeout(shared.settings.auth_timeout, tls.acceptor.accept(sock)) => match r {
+            Ok(Ok(s)) => Some(s),
+            Ok(Err(e)) => failed(&e),
+            Err(_) => failed(&"timed out"),
+        },
+        _ = stop.changed() => None,
+    }
 }
 
 /// Makes glibc serve every allocation of 128 KiB and more with its own `mmap`, returned to the

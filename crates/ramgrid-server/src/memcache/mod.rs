@@ -13,7 +13,6 @@
 use std::time::Duration;
 
 use ramgrid_proto::memcache::{parse_request, ParseError};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -36,7 +35,7 @@ const OUT_HIGH_WATER: usize = dispatch::REPLY_HIGH_WATER;
 /// [`crate::auth`]) nothing else is answered, and at the deadline it is closed.
 #[expect(clippy::too_many_arguments)]
 pub(crate) async fn serve(
-    mut sock: TcpStream,
+    mut sock: impl crate::io::Stream,
     mut buf: Vec<u8>,
     mut end: usize,
     shared: &Shared,

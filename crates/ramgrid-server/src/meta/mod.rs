@@ -99,7 +99,7 @@ pub fn start(
         .enable_all()
         .build()?;
     let handle = rt.handle().clone();
-    let pool = Arc::new(Pool::new(state.token.clone()));
+    let pool = Arc::new(Pool::new(state.token.clone(), state.tls.clone()));
     let node = {
         let (h, pool) = (handle.clone(), pool.clone());
         // On a thread of its own: the caller may itself be inside a runtime (tests).

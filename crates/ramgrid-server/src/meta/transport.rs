@@ -4,16 +4,17 @@
 //!
 //! Every call ends by its deadline, connect and HELLO included, so a dead or paused peer costs
 //! a timeout and never a stuck task. A connection that failed in any way is dropped, never
-//! reused: its stream may hold half a reply.
+//! reused: its stream may hold half a reply. When the server has TLS, so do these connections
+//! (`crate::tls`), the handshake under the same deadline.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ramgrid_meta::network::BoxFuture;
 use ramgrid_meta::{Transport, TransportError};
 use ramgrid_proto::native::{parse_frame, FrameError, Hello, Request, Response, PROTOCOL_VERSION};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{timeout_at, Instant};
 
@@ -43,21 +44,43 @@ impl std::fmt::Display for CallError {
     }
 }
 
+/// A connection's byte stream: plain TCP or TLS over it.
+trait Wire: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Wire for T {}
+
 /// One authenticated connection.
 struct Conn {
-    sock: TcpStream,
+    sock: Box<dyn Wire>,
     buf: Vec<u8>,
     next_id: u64,
 }
 
 impl Conn {
-    async fn open(addr: &str, token: Option<&str>, deadline: Instant) -> Result<Conn, CallError> {
+    async fn open(
+        addr: &str,
+        token: Option<&str>,
+        tls: Option<&crate::tls::Tls>,
+        deadline: Instant,
+    ) -> Result<Conn, CallError> {
         let sock = match timeout_at(deadline, TcpStream::connect(addr)).await {
             Err(_) => return Err(CallError::Unreachable("connect timed out".into())),
             Ok(Err(e)) => return Err(CallError::Unreachable(e.to_string())),
             Ok(Ok(s)) => s,
         };
         let _ = sock.set_nodelay(true);
+        let sock: Box<dyn Wire> = match tls {
+            None => Box::new(sock),
+            Some(tls) => {
+                let config = tls.peer_config().map_err(CallError::Unreachable)?;
+                let name = crate::tls::server_name(addr).map_err(CallError::Unreachable)?;
+                let connector = tokio_rustls::TlsConnector::from(config);
+                match timeout_at(deadline, connector.connect(name, sock)).await {
+                    Err(_) => return Err(CallError::Unreachable("TLS handshake timed out".into())),
+                    Ok(Err(e)) => return Err(CallError::Unreachable(format!("TLS: {e}"))),
+                    Ok(Ok(s)) => Box::new(s),
+                }
+            }
+        };
         let mut conn = Conn {
             sock,
             buf: Vec::new(),
@@ -94,7 +117,11 @@ impl Conn {
         req.encode(&mut out, id)
             .map_err(|e| CallError::Failed(format!("cannot encode: {e}")))?;
         let io = |e: std::io::Error| CallError::Failed(e.to_string());
-        match timeout_at(deadline, self.sock.write_all(&out)).await {
+        let write = async {
+            self.sock.write_all(&out).await?;
+            self.sock.flush().await
+        };
+        match timeout_at(deadline, write).await {
             Err(_) => return Err(CallError::Timeout),
             Ok(r) => r.map_err(io)?,
         }
@@ -128,14 +155,16 @@ impl Conn {
 /// Connections to peers, reused across calls.
 pub struct Pool {
     token: Option<String>,
+    tls: Option<Arc<crate::tls::Tls>>,
     idle: Mutex<HashMap<String, Vec<Conn>>>,
 }
 
 impl Pool {
-    /// A pool that authenticates with `token`.
-    pub fn new(token: Option<String>) -> Pool {
+    /// A pool that authenticates with `token`, over TLS when `tls` is given.
+    pub fn new(token: Option<String>, tls: Option<Arc<crate::tls::Tls>>) -> Pool {
         Pool {
             token,
+            tls,
             idle: Mutex::new(HashMap::new()),
         }
     }
@@ -156,7 +185,7 @@ impl Pool {
             .and_then(Vec::pop);
         let mut conn = match pooled {
             Some(c) => c,
-            None => Conn::open(addr, self.token.as_deref(), deadline).await?,
+            None => Conn::open(addr, self.token.as_deref(), self.tls.as_deref(), deadline).await?,
         };
         let r = conn.call(req, deadline, take).await;
         if r.is_ok() {

@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use ramgrid_proto::native::{self as wire, parse_frame, ErrorReply, FrameError, Request, Status};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -28,7 +27,7 @@ const REPLY_MEMORY_WAIT: Duration = Duration::from_millis(100);
 /// token, a connection that has not sent a good HELLO by `auth_deadline` is closed.
 #[expect(clippy::too_many_arguments)]
 pub async fn serve(
-    mut sock: TcpStream,
+    mut sock: impl crate::io::Stream,
     mut buf: Vec<u8>,
     mut end: usize,
     state: &NativeState,

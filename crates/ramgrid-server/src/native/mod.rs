@@ -53,6 +53,8 @@ pub struct NativeState {
     pub cluster: RwLock<Option<ClusterState>>,
     /// Token clients must present in HELLO.
     pub token: Option<String>,
+    /// TLS (`--tls-cert`): also how this server connects to its peers.
+    pub tls: Option<Arc<crate::tls::Tls>>,
     /// This server's identity: its address as the spec lists it.
     pub server_id: String,
     /// Largest request body accepted.
