@@ -33,6 +33,8 @@ const LATE_READ: Duration = Duration::from_millis(1);
 /// each side, and on a virtual machine an idle vCPU that halts needs an interrupt to wake, which
 /// costs more than the wait itself. Bounded, so an idle or slow server costs at most this much CPU.
 const SPIN: Duration = Duration::from_micros(50);
+/// The first byte of a TLS alert record: what a TLS server answers a plain-text frame with.
+const TLS_ALERT: u8 = 0x15;
 /// Longest text line read from a server that answers a native frame with text (its refusal).
 const MAX_REFUSAL_LINE: usize = 512;
 
@@ -109,9 +111,12 @@ impl Conn {
         hello
             .encode(&mut buf, id)
             .map_err(|e| Error::InvalidArgument(format!("cannot encode HELLO: {e}")))?;
-        conn.send(server, &buf, id, Opcode::Hello, deadline)?;
+        let tls = conn.handshaking();
+        conn.send(server, &buf, id, Opcode::Hello, deadline)
+            .map_err(|e| in_handshake(tls, e))?;
         conn.wbuf = buf;
-        let reply = conn.recv(server, deadline)?;
+        let tls = conn.handshaking();
+        let reply = conn.recv(server, deadline).map_err(|e| in_handshake(tls, e))?;
         let max_body = match Response::decode_body(Opcode::Hello, reply.body) {
             Ok(Response::Hello(h)) => h.max_body,
             Ok(Response::Error(e))
@@ -250,7 +255,13 @@ impl Conn {
                 }
                 Err(FrameError::Incomplete { needed }) => {
                     let want = needed.max(self.rbuf.len() + 1);
-                    self.fill(server, want, deadline)?;
+                    if let Err(e) = self.fill(server, want, deadline) {
+                        // A TLS server closes after its alert, shorter than a frame header.
+                        return Err(self.tls_alert(server).unwrap_or(e));
+                    }
+                }
+                Err(FrameError::BadMagic(TLS_ALERT)) if self.tls_alert(server).is_some() => {
+                    return Err(self.tls_alert(server).expect("checked"))
                 }
                 Err(FrameError::BadMagic(_)) if self.rbuf[0].is_ascii_graphic() => {
                     return Err(self.refusal(server, deadline))
@@ -263,6 +274,26 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Whether a TLS handshake is still to finish (it runs within the HELLO exchange).
+    fn handshaking(&self) -> bool {
+        match &self.stream {
+            Stream::Plain(_) => false,
+            Stream::Tls(s) => s.conn.is_handshaking(),
+        }
+    }
+
+    /// Over plain TCP, a reply that starts as a TLS alert record: the server expects TLS.
+    fn tls_alert(&self, server: &str) -> Option<Error> {
+        (matches!(self.stream, Stream::Plain(_)) && self.rbuf.first() == Some(&TLS_ALERT)).then(
+            || Error::Protocol {
+                server: server.to_string(),
+                message: "the server answered with a TLS alert: it expects TLS (connect with a \
+                          TLS configuration, docs/tls.md)"
+                    .into(),
+            },
+        )
     }
 
     /// The server answered with text where a frame should be: a memcached-style line saying why it
@@ -391,6 +422,18 @@ impl Conn {
     /// else arrived after it.
     pub(crate) fn is_clean(&self) -> bool {
         !self.awaiting && self.rbuf.len() == self.consumed
+    }
+}
+
+/// Says that a connection failed in its TLS handshake (a plain-text server, an unknown CA, a
+/// client certificate refused), when `handshaking`.
+fn in_handshake(handshaking: bool, e: Error) -> Error {
+    match e {
+        Error::Io { server, source } if handshaking => Error::Io {
+            server,
+            source: io::Error::new(source.kind(), format!("TLS handshake failed: {source}")),
+        },
+        e => e,
     }
 }
 

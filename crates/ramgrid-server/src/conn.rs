@@ -11,6 +11,9 @@ use crate::io::{read_or_stop, MEMCACHE_READ_CHUNK as READ_CHUNK};
 use crate::native::{self, NativeState};
 use crate::stats::{Shared, WorkerStats};
 
+/// The first byte of a TLS handshake record (a ClientHello).
+const TLS_HANDSHAKE: u8 = 0x16;
+
 /// Serves one connection: the first byte tells the native protocol (magic 0xA7) from memcached's
 /// text and meta protocols.
 pub async fn serve(
@@ -32,6 +35,12 @@ pub async fn serve(
     let Some(end) = read_or_stop(&mut sock, &mut buf, &mut stop, stats, auth_deadline).await else {
         return;
     };
+    if buf[0] == TLS_HANDSHAKE {
+        // A TLS client on a plain port (no text command or native frame starts with this
+        // byte): closing at once fails its handshake now rather than at its timeout.
+        WorkerStats::add(&stats.tls_handshake_failures, 1);
+        return;
+    }
     if ramgrid_proto::native::is_native_first_byte(buf[0]) {
         native::serve(
             sock,

@@ -452,7 +452,7 @@ pub fn render(shared: &Shared, native: &NativeState) -> String {
     out.metric(
         "ramgrid_tls_handshake_failures_total",
         "counter",
-        "connections closed because their TLS handshake failed or timed out",
+        "connections closed for TLS: a failed or timed-out handshake, or a TLS client on a plain port",
         sum(|w| &w.tls_handshake_failures),
     );
     out.metric(

@@ -51,8 +51,8 @@ pub struct WorkerStats {
     pub bytes_read: AtomicU64,
     /// Bytes written to clients.
     pub bytes_written: AtomicU64,
-    /// Connections closed because their TLS handshake failed or did not finish in time (a
-    /// plain-text client on a TLS port, a certificate refused).
+    /// Connections closed for TLS: a handshake that failed or did not finish in time (a
+    /// plain-text client on a TLS port, a certificate refused), or a TLS client on a plain port.
     pub tls_handshake_failures: AtomicU64,
     /// Native data requests, server-wide (metrics.rs).
     pub native: crate::metrics::NativeCounters,

@@ -1,0 +1,197 @@
+"""TLS on the port (docs/tls.md), against real server processes: the native client, the memcached text and meta
+protocols (pymemcache, raw `ssl` sockets), a plain client on a TLS port and a TLS client on a plain port (each fails
+at once and the server keeps serving), client certificates required and refused, the token still required over
+TLS, a three-server TLS cluster (its peers' repair and metadata traffic over TLS too), and the CLI's TLS flags.
+
+The CA and certificates are made per module by scripts/tls-test-certs.sh (the openssl CLI).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ramgrid
+from ramgrid.exceptions import AuthError, ConnectionFailed, ProtocolError
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+TOKEN = "tls-test-token"
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("tls")
+    subprocess.run(["bash", str(REPO_ROOT / "scripts" / "tls-test-certs.sh"), str(d)], check=True, timeout=60)
+    return d
+
+
+def _tls_flags(certs: Path, client_ca: bool = False) -> tuple[str, ...]:
+    flags = ("--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key"))
+    if client_ca:
+        flags += ("--tls-client-ca", str(certs / "ca.pem"))
+    return flags
+
+
+@pytest.fixture(scope="module")
+def tls_server(start_server: Callable[..., Any], certs: Path) -> Any:
+    return start_server("ramgrid", extra=_tls_flags(certs))
+
+
+@pytest.fixture(scope="module")
+def mtls_server(start_server: Callable[..., Any], certs: Path) -> Any:
+    """Client certificates required, and a token (the token is still checked over TLS)."""
+    return start_server("ramgrid", extra=(*_tls_flags(certs, client_ca=True), "--token", TOKEN))
+
+
+def _context(certs: Path, client: str | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+    if client is not None:
+        ctx.load_cert_chain(str(certs / f"{client}.pem"), str(certs / f"{client}.key"))
+    return ctx
+
+
+def _round_trip(grid: ramgrid.Grid, name: str, replication: int = 1) -> None:
+    t = grid.create_table(name, partitions=8, replication=replication, value_type="f64")
+    keys = np.arange(100, dtype=np.int64)
+    t.put_many(keys, keys * 0.5)
+    assert np.array_equal(t.get_many(keys), keys * 0.5)
+
+
+def test_native_client_over_tls(tls_server: Any, certs: Path, table_name: str) -> None:
+    with ramgrid.connect([tls_server.addr], tls=ramgrid.TLS(ca=certs / "ca.pem")) as g:
+        _round_trip(g, table_name)
+        assert g.stats()[0]["curr_connections"] >= 1  # `stats` over the memcached text protocol, on TLS
+
+
+def test_memcached_protocols_over_tls(tls_server: Any, certs: Path) -> None:
+    from pymemcache.client.base import Client as Memcache
+
+    mc = Memcache(("127.0.0.1", tls_server.port), tls_context=_context(certs), timeout=5, connect_timeout=5)
+    assert mc.set("tls-key", b"over tls")
+    assert mc.get("tls-key") == b"over tls"
+    mc.close()
+    # The meta protocol, on a raw TLS socket.
+    with socket.create_connection(("127.0.0.1", tls_server.port), timeout=5) as raw:
+        with _context(certs).wrap_socket(raw, server_hostname="127.0.0.1") as s:
+            s.sendall(b"mg tls-key v\r\n")
+            got = b""
+            while not got.endswith(b"\r\n") or got.count(b"\r\n") < 2:
+                chunk = s.recv(4096)
+                assert chunk, got
+                got += chunk
+            assert got == b"VA 8\r\nover tls\r\n"
+
+
+def test_plain_client_on_a_tls_port_fails_and_others_are_served(tls_server: Any, certs: Path, table_name: str) -> None:
+    for request in (b"get foo\r\n", b"\xa7" + bytes(23)):  # memcached text, and a native frame's start
+        with socket.create_connection(("127.0.0.1", tls_server.port), timeout=5) as s:
+            s.sendall(request)
+            got = b""
+            while chunk := s.recv(4096):  # ends when the server closes (a timeout here would raise)
+                got += chunk
+            assert not got.startswith((b"VALUE", b"END", b"ERROR", b"\xa7")), got
+            assert got[:1] in (b"", b"\x15"), got  # nothing, or a TLS alert record
+    with pytest.raises(ProtocolError, match="TLS"):
+        with ramgrid.connect([tls_server.addr], timeout=30, call_timeout=60) as g:
+            g.tables()
+    with ramgrid.connect([tls_server.addr], tls=ramgrid.TLS(ca=certs / "ca.pem")) as g:
+        _round_trip(g, table_name)
+
+
+def test_tls_client_on_a_plain_port_fails_at_once(ramgrid_server: str, certs: Path) -> None:
+    host, port = ramgrid_server.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as raw:
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            _context(certs).wrap_socket(raw, server_hostname=host)
+    with pytest.raises(ConnectionFailed):
+        with ramgrid.connect([ramgrid_server], tls=ramgrid.TLS(ca=certs / "ca.pem"), timeout=30, call_timeout=60) as g:
+            g.tables()
+
+
+def test_client_certificates_required_and_checked(mtls_server: Any, certs: Path, table_name: str) -> None:
+    ca = certs / "ca.pem"
+    for tls in (
+        ramgrid.TLS(ca=ca),  # none
+        ramgrid.TLS(ca=ca, cert=certs / "other-client.pem", key=certs / "other-client.key"),  # another CA's
+    ):
+        with pytest.raises(ConnectionFailed):
+            with ramgrid.connect([mtls_server.addr], token=TOKEN, tls=tls, timeout=30, call_timeout=60) as g:
+                g.tables()
+    # The same refusal for a memcached-protocol client with another CA's certificate.
+    with socket.create_connection(("127.0.0.1", mtls_server.port), timeout=5) as raw:
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            with _context(certs, "other-client").wrap_socket(raw, server_hostname="127.0.0.1") as s:
+                s.sendall(b"version\r\n")  # TLS 1.3: the refusal of the certificate arrives after the handshake
+                assert s.recv(100) == b""
+    good = ramgrid.TLS(ca=ca, cert=certs / "client.pem", key=certs / "client.key")
+    with ramgrid.connect([mtls_server.addr], token=TOKEN, tls=good) as g:
+        _round_trip(g, table_name)
+
+
+def test_the_token_is_still_required_over_tls(mtls_server: Any, certs: Path) -> None:
+    good = ramgrid.TLS(ca=certs / "ca.pem", cert=certs / "client.pem", key=certs / "client.key")
+    for token in (None, "wrong"):
+        with pytest.raises(AuthError):
+            with ramgrid.connect([mtls_server.addr], token=token, tls=good, timeout=30, call_timeout=60) as g:
+                g.tables()
+    with socket.create_connection(("127.0.0.1", mtls_server.port), timeout=5) as raw:
+        with _context(certs, "client").wrap_socket(raw, server_hostname="127.0.0.1") as s:
+            s.sendall(b"get foo\r\n")
+            assert s.recv(100) == b"CLIENT_ERROR unauthenticated\r\n"
+
+
+def test_three_server_tls_cluster(certs: Path) -> None:
+    """Peers verify each other against --tls-ca and show their own certificate (--tls-client-ca is set), so the
+    metadata group forms and replicas are written only if server-to-server TLS works."""
+    flags = [*_tls_flags(certs, client_ca=True), "--tls-ca", str(certs / "ca.pem")]
+    tls = ramgrid.TLS(ca=certs / "ca.pem", cert=certs / "client.pem", key=certs / "client.key")
+    with ramgrid.local(servers=3, memory="64MiB", token=TOKEN, extra_args=flags, tls=tls) as g:
+        _round_trip(g, "replicated", replication=2)
+        status = g.status()
+        assert len(status) == 3 and all(s.get("ok", True) for s in status), status
+        g.restart(1)  # it learns the spec and copies its partitions from its peers, over TLS
+        t = g.table("replicated")
+        keys = np.arange(100, dtype=np.int64)
+        assert np.array_equal(t.get_many(keys), keys * 0.5)
+        stats = g.stats()
+        assert all(s["curr_connections"] >= 1 for s in stats), stats
+
+
+def test_tls_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="go together"):
+        ramgrid.TLS(ca="ca.pem", cert="client.pem")
+    with pytest.raises(TypeError, match="ramgrid.TLS"):
+        ramgrid.connect(["127.0.0.1:1"], tls="ca.pem")  # type: ignore[arg-type]
+
+
+def test_cli_over_tls(tls_server: Any, certs: Path, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAMGRID_")}
+    env["PYTHONPATH"] = str(REPO_ROOT / "python")
+
+    def rg(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "ramgrid.cli", "--spec", tls_server.addr, *args],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    ok = rg("--tls-ca", str(certs / "ca.pem"), "table", "list")
+    assert ok.returncode == 0, ok.stderr
+    env["RAMGRID_TLS_CA"] = str(certs / "ca.pem")
+    assert rg("table", "list").returncode == 0
+    del env["RAMGRID_TLS_CA"]
+    bad = rg("--tls-cert", str(certs / "client.pem"), "table", "list")
+    assert bad.returncode == 2 and "--tls-ca" in bad.stderr, bad.stderr
