@@ -14,6 +14,8 @@ help: ## List the targets
 setup: $(VENV)/.ok ## Install what the build and tests need (memcached, Rust components, Python venv)
 	@command -v $(MEMCACHED) >/dev/null || { echo "installing memcached (apt)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq memcached) >/dev/null; }
+	@command -v openssl >/dev/null || { echo "installing openssl (apt; the TLS tests make their CA with it)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl) >/dev/null; }
 	@rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
 $(VENV)/.ok: pyproject.toml Makefile

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from ramgrid._local import LocalGrid, local
     from ramgrid.config import parse_spec
     from ramgrid.exceptions import RamgridError
-    from ramgrid.tls import TLS
     from ramgrid.grid import Grid, GridConfig, PinnedTable, Table, VersionPart, VersionWriter, connect
+    from ramgrid.tls import TLS
 
 __version__ = "0.1.0"
 
@@ -44,12 +44,12 @@ _LAZY = {
 }
 
 __all__ = [
+    "TLS",
     "Grid",
     "GridConfig",
     "LocalGrid",
     "PinnedTable",
     "RamgridError",
-    "TLS",
     "Table",
     "VersionPart",
     "VersionWriter",

@@ -20,11 +20,11 @@ import numpy as np
 from ramgrid._keys import NativeKeys, convert_keys, convert_values, fit_values, key_count
 from ramgrid._metrics import table_figures
 from ramgrid.config import SpecLike, parse_spec
-from ramgrid.tls import TLS
 from ramgrid.exceptions import KeysNotFound, RamgridError
 from ramgrid.ops import _Operators
 from ramgrid.reduce import _Reduce
 from ramgrid.scan import _Scans
+from ramgrid.tls import TLS
 
 if TYPE_CHECKING:
     from typing_extensions import Self
