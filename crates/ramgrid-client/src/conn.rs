@@ -116,7 +116,9 @@ impl Conn {
             .map_err(|e| in_handshake(tls, e))?;
         conn.wbuf = buf;
         let tls = conn.handshaking();
-        let reply = conn.recv(server, deadline).map_err(|e| in_handshake(tls, e))?;
+        let reply = conn
+            .recv(server, deadline)
+            .map_err(|e| in_handshake(tls, e))?;
         let max_body = match Response::decode_body(Opcode::Hello, reply.body) {
             Ok(Response::Hello(h)) => h.max_body,
             Ok(Response::Error(e))

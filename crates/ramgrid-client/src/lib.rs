@@ -50,6 +50,6 @@ pub use ops::{OpAnswer, OpResult, OpSpec};
 pub use plan::Ack;
 pub use ramgrid_proto::cluster::{partition_of, ClusterSpec};
 pub use ramgrid_proto::native::{Durability, Predicate, Stats, ValueType};
-pub use tls::TlsConfig;
 pub use scan::{Chunk, PackedKeys, Scan, ScanOptions};
+pub use tls::TlsConfig;
 pub use values::{parse_type, type_name, BytesValues, Values, ValuesMut, ValuesRef};

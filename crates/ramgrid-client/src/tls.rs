@@ -62,9 +62,10 @@ impl ClientTls {
                 .add(cert)
                 .map_err(|e| bad(format!("CA {}: {e}", c.ca.display())))?;
         }
-        let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-            .build()
-            .map_err(|e| bad(format!("CA {}: {e}", c.ca.display())))?;
+        let verifier =
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .build()
+                .map_err(|e| bad(format!("CA {}: {e}", c.ca.display())))?;
         let builder = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| bad(e.to_string()))?

@@ -653,7 +653,8 @@ fn copy_one(
 ) -> Result<(), CopyError> {
     let started = Instant::now();
     if !peers.contains_key(src) {
-        let peer = Peer::connect(src, token(state), state.tls.as_deref()).map_err(CopyError::Fetch)?;
+        let peer =
+            Peer::connect(src, token(state), state.tls.as_deref()).map_err(CopyError::Fetch)?;
         peers.insert(src.to_owned(), peer);
     }
     let peer = peers.get_mut(src).expect("just inserted");

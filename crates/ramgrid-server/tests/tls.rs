@@ -73,7 +73,12 @@ fn tls(dir: &Path, client_cert: Option<&str>) -> TlsConfig {
 fn round_trip(c: &Client) -> ramgrid_client::Result<()> {
     c.push_spec()?;
     c.create_table("w", 8, 1, ValueType::F64)?;
-    c.put("w", Keys::I64(&[1, 2, 3]), ValuesRef::F64(&[0.5, 1.5, 2.5]), 0)?;
+    c.put(
+        "w",
+        Keys::I64(&[1, 2, 3]),
+        ValuesRef::F64(&[0.5, 1.5, 2.5]),
+        0,
+    )?;
     let got = c.get("w", Keys::I64(&[3, 4]), 0)?;
     assert_eq!(got.found, [true, false]);
     Ok(())
@@ -154,11 +159,23 @@ fn bad_certificate_files_stop_the_start() {
     type Set = fn(&mut Config, PathBuf);
     let cases: [(Set, &str, &str); 5] = [
         (|c, p| c.tls_cert = Some(p), "missing.pem", "missing.pem"),
-        (|c, p| c.tls_cert = Some(p), "garbage.pem", "no PEM certificate"),
-        (|c, p| c.tls_key = Some(p), "garbage.pem", "no PEM private key"),
+        (
+            |c, p| c.tls_cert = Some(p),
+            "garbage.pem",
+            "no PEM certificate",
+        ),
+        (
+            |c, p| c.tls_key = Some(p),
+            "garbage.pem",
+            "no PEM private key",
+        ),
         // The client's key does not match the server's certificate.
         (|c, p| c.tls_key = Some(p), "client.key", "server.pem"),
-        (|c, p| c.tls_client_ca = Some(p), "garbage.pem", "--tls-client-ca"),
+        (
+            |c, p| c.tls_client_ca = Some(p),
+            "garbage.pem",
+            "--tls-client-ca",
+        ),
     ];
     for (set, file, want) in cases {
         let mut c = config(&dir, &[]);

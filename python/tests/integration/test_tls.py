@@ -176,11 +176,18 @@ def test_three_server_tls_cluster(certs: Path) -> None:
         assert len(g.status()) == 3
 
 
-def test_tls_settings_are_checked() -> None:
+def test_tls_settings_are_checked(certs: Path) -> None:
     with pytest.raises(ValueError, match="go together"):
         ramgrid.TLS(ca="ca.pem", cert="client.pem")
     with pytest.raises(TypeError, match="ramgrid.TLS"):
         ramgrid.connect(["127.0.0.1:1"], tls="ca.pem")  # type: ignore[arg-type]
+    for ca, why in ((certs / "missing.pem", "missing.pem"), (certs / "server.key", "no PEM certificate")):
+        with pytest.raises(ValueError, match=why):
+            ramgrid.connect(["127.0.0.1:1"], tls=ramgrid.TLS(ca=ca)).tables()
+    with pytest.raises(ValueError, match="client.pem"):  # a key that is not the certificate's
+        ramgrid.connect(
+            ["127.0.0.1:1"], tls=ramgrid.TLS(ca=certs / "ca.pem", cert=certs / "client.pem", key=certs / "server.key")
+        ).tables()
 
 
 def test_cli_over_tls(tls_server: Any, certs: Path, tmp_path: Path) -> None:
