@@ -296,6 +296,14 @@ class Grid:
                 d["tables_error"] = m["error"]
         return out
 
+    def local_servers(self) -> list[str]:
+        """The servers of the cluster that run on this host, in spec order (`ramgrid.hosts`: a server is local
+        when this machine owns its address; `RAMGRID_LOCAL_SERVERS` overrides). On a Dask worker of a cluster
+        with one server per host, this is the worker's own server."""
+        from ramgrid.hosts import local_servers
+
+        return local_servers(self.servers)
+
     def epoch(self) -> int:
         """The partition-map epoch this process's client works under."""
         return int(self._client().epoch())

@@ -54,7 +54,7 @@ pub struct Config {
     /// announces the smaller of this and a quarter of `--buffer-memory`.
     #[arg(long, default_value = "256MiB", value_parser = parse_size)]
     pub max_frame: u64,
-    /// Cluster spec file (one `host:port` per line, in order); without it the server waits for SET_SPEC.
+    /// Cluster spec file: one `host:port` (or `server host:port`) per line, in order, `#` comments; the same file clients read. Without it the server waits for SET_SPEC or learns the spec from --join peers.
     #[arg(long, env = "RAMGRID_CLUSTER_SPEC")]
     pub cluster_spec: Option<std::path::PathBuf>,
     /// Peers to learn the cluster spec and tables from when this server has no spec (a server

@@ -144,9 +144,9 @@ fn token(state: &NativeState) -> Option<&str> {
     state.token.as_deref()
 }
 
-/// Installs the spec most `--join` peers hold that lists this server.
-fn learn_spec(state: &NativeState) {
-    let mut seen: HashMap<u64, (usize, ClusterSpec)> = HashMap::new();
+/// The specs the `--join` peers that answer hold (those that have one).
+fn peer_specs(state: &NativeState) -> Vec<ClusterSpec> {
+    let mut out = Vec::new();
     for addr in &state.repair.join {
         let got = Peer::connect(addr, token(state)).and_then(|mut p| {
             p.call(&Request::GetSpec, |r| match r {
@@ -158,9 +158,50 @@ fn learn_spec(state: &NativeState) {
             })
         });
         if let Ok(Some(spec)) = got {
-            if spec.index_of(&state.server_id).is_some() {
-                seen.entry(spec.epoch()).or_insert((0, spec)).0 += 1;
-            }
+            out.push(spec);
+        }
+    }
+    out
+}
+
+/// Whether a server starting with a `--cluster-spec` file should install it. The file only
+/// starts a cluster: once the cluster has a spec, it is the one the metadata group committed,
+/// and it changes (servers added, removed, failed over) while the file stays as written. So a
+/// server restarted with the file it was first started with installs it only when nothing newer
+/// is known: not when its own data directory holds the group's committed spec (`committed`), nor
+/// when a `--join` peer already holds a spec (the repair thread then learns it from them; a
+/// server the cluster has since removed gets none, and serves nothing, rather than the stale
+/// file's).
+pub fn use_spec_file(
+    state: &NativeState,
+    file: &ClusterSpec,
+    committed: Option<&ClusterSpec>,
+) -> bool {
+    let why = match committed {
+        Some(c) => format!(
+            "this server's data directory holds the committed spec (epoch {:016x})",
+            c.epoch()
+        ),
+        None => match peer_specs(state).into_iter().next() {
+            Some(p) => format!(
+                "the --join peers hold the cluster's spec (epoch {:016x})",
+                p.epoch()
+            ),
+            None => return true,
+        },
+    };
+    if committed.is_none_or(|c| c.epoch() != file.epoch()) {
+        eprintln!("ramgrid-server: the --cluster-spec file is not installed: {why}");
+    }
+    false
+}
+
+/// Installs the spec most `--join` peers hold that lists this server.
+fn learn_spec(state: &NativeState) {
+    let mut seen: HashMap<u64, (usize, ClusterSpec)> = HashMap::new();
+    for spec in peer_specs(state) {
+        if spec.index_of(&state.server_id).is_some() {
+            seen.entry(spec.epoch()).or_insert((0, spec)).0 += 1;
         }
     }
     if let Some((_, spec)) = seen.into_values().max_by_key(|(n, _)| *n) {

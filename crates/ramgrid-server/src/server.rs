@@ -174,11 +174,14 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
     if let Some(path) = &config.cluster_spec {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read cluster spec {}", path.display()))?;
-        let spec = ClusterSpec::parse(&text)
+        let spec = ClusterSpec::parse_file(&text)
             .map_err(|e| anyhow::anyhow!("cluster spec {}: {e}", path.display()))?;
-        native
-            .install_spec(spec)
-            .map_err(|e| anyhow::anyhow!("cluster spec {}: {e}", path.display()))?;
+        let committed = native.meta.get().and_then(|m| m.committed_spec());
+        if crate::repair::use_spec_file(&native, &spec, committed.as_ref()) {
+            native
+                .install_spec(spec)
+                .map_err(|e| anyhow::anyhow!("cluster spec {}: {e}", path.display()))?;
+        }
     }
 
     if let Some(p) = &native.persist {

@@ -176,6 +176,12 @@ fn node_id(dir: Option<&std::path::Path>, addr: &str) -> anyhow::Result<NodeId> 
 }
 
 impl Meta {
+    /// The spec the group committed, as this node knows it now (from its data directory at a
+    /// restart); `None` before it has learned one.
+    pub fn committed_spec(&self) -> Option<ClusterSpec> {
+        spec_of(&self.node.state())
+    }
+
     /// Stops the tasks and the runtime (in-process servers; a killed process just dies).
     pub fn shutdown(&self) {
         if let Some(tx) = self.stop.lock().unwrap_or_else(|p| p.into_inner()).take() {
@@ -474,7 +480,14 @@ fn command_for(ms: &MetaState, spec: &ClusterSpec) -> Result<Option<MetaCommand>
                 servers,
                 expect_epoch: Some(0),
             })),
-            Some(_) => Err(agreed()),
+            // A move before the group has agreed on a first spec: say so, not "another spec".
+            Some(_) => {
+                let mut r = agreed();
+                r.message = "the metadata group has not agreed on a first spec yet (it forms once every \
+                             server of the spec answers): retry when `ramgrid cluster status` names a leader"
+                    .into();
+                Err(r)
+            }
         };
     }
     match (spec.next(), &ms.transition) {
