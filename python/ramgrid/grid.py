@@ -9,6 +9,7 @@ After a fork the child finds the pid changed and builds its own client; the pare
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import threading
 from dataclasses import dataclass, field, replace
@@ -24,6 +25,11 @@ from ramgrid.exceptions import KeysNotFound, RamgridError
 from ramgrid.ops import _Operators
 from ramgrid.reduce import _Reduce
 from ramgrid.scan import _Scans
+
+# The client's events (tables created and dropped, versions committed, aborted and dropped, servers added and
+# removed) go to this logger at INFO; it has no handler of its own, so they show only where the application
+# configures logging. Per-request detail stays out: a batch is not an event.
+log = logging.getLogger("ramgrid")
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -263,6 +269,14 @@ class Grid:
             client.create_table(
                 name, partitions=partitions, replication=replication, value_type=vt, dim=d, durability=durability
             )
+            log.info(
+                "created table %s (%d partitions, replication %d, %s, durability %s)",
+                name,
+                partitions,
+                replication,
+                vt if not d else f"{vt}[{d}]",
+                durability,
+            )
         except TableExists:
             if not exist_ok:
                 raise
@@ -279,6 +293,7 @@ class Grid:
     def drop_table(self, name: str) -> None:
         """Drops a table with all its versions."""
         self._client().drop_table(name)
+        log.info("dropped table %s", name)
 
     def stats(self) -> list[dict[str, Any]]:
         """One dict of counters per server, in spec order: the memcached `stats` counters, and under "tables" each
@@ -320,13 +335,27 @@ class Grid:
         "seconds": float}. Raises ValueError if `addr` is a member already or another move is in progress, and
         the usual connection errors if a server of either end cannot be reached (a move refused at the start is
         undone; one that fails later is resumed by asking for the same move again)."""
-        return dict(self._client().add_server(str(addr)))
+        report = dict(self._client().add_server(str(addr)))
+        log.info(
+            "added server %s: %s partitions copied in %.1f s",
+            addr,
+            report.get("partitions_copied"),
+            report.get("seconds", 0),
+        )
+        return report
 
     def remove_server(self, addr: str) -> dict[str, Any]:
         """Moves every partition off the server at `addr` to the servers that hold it next, then drops `addr` from
         the spec; the server can be stopped afterwards. Returns the move report, as `add_server`. Raises
         ValueError if `addr` is not a member, or is the last one."""
-        return dict(self._client().remove_server(str(addr)))
+        report = dict(self._client().remove_server(str(addr)))
+        log.info(
+            "removed server %s: %s partitions copied in %.1f s",
+            addr,
+            report.get("partitions_copied"),
+            report.get("seconds", 0),
+        )
+        return report
 
     def status(self) -> list[dict[str, Any]]:
         """Each server's view of the cluster (CLUSTER_STATUS), in spec order (both ends of a move in progress):
@@ -488,6 +517,7 @@ class Table(_Operators, _Reader, _Scans, _Reduce):
     def drop_version(self, version: int) -> None:
         """Frees an old version. The current version cannot be dropped (the servers refuse it)."""
         self._client().drop_version(self.name, int(version))
+        log.info("dropped version %d of %s", int(version), self.name)
 
     def pin(self, version: int | None = None) -> PinnedTable:
         """A read-only handle on one version: `version`, or the current one resolved now, once. Pass it to a job's
@@ -616,6 +646,7 @@ class VersionWriter(_Reader):
             self.abort()
             raise
         self._state = "committed"
+        log.info("committed version %d of %s: it is current", self.version, self.name)
         return self.version
 
     def abort(self) -> None:
@@ -623,12 +654,15 @@ class VersionWriter(_Reader):
         if self._state != "open":
             return
         self._state = "aborted"
+        log.info("aborted version %d of %s: the previous version stays current", self.version, self.name)
         try:
             self._client().drop_version(self.name, self.version)
-        except RamgridError:
+        except RamgridError as e:
+            log.warning(
+                "version %d of %s: the drop after the abort failed (%s); it stays invisible", self.version, self.name, e
+            )
             # The version is invisible either way: it was never made current. A server that missed the drop keeps
             # an orphan version that `versions()` lists and `drop_version()` removes.
-            pass
 
 
 class VersionPart(_Reader):

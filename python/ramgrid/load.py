@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import logging
 import os
 import sys
 import threading
@@ -59,6 +60,8 @@ _PARQUET_SUFFIXES = {".parquet", ".pq"}
 _FORMATS = ("text", "tsv", "csv", "parquet")
 _INFER_ROWS = 1000
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+log = logging.getLogger("ramgrid.load")
+
 _MAX_BAD_SAMPLES = 10
 _GZIP_MAGIC = b"\x1f\x8b"
 # The client refuses a whole batch with a longer key, so such a key is caught here, as a bad line.
@@ -1122,7 +1125,7 @@ def load_table(
         # The empty version 1 that creating a table opens is of no use once the load's version is current.
         _quietly(lambda: client_for(grid.config).drop_version(name, 1) if version != 1 else None)
     samples = [s for r in results for s in r.bad_samples][:_MAX_BAD_SAMPLES]
-    return LoadReport(
+    report = LoadReport(
         table=name,
         version=version,
         rows=sum(r.rows for r in results),
@@ -1135,6 +1138,17 @@ def load_table(
         tasks=len(tasks),
         bad_samples=samples,
     )
+    log.info(
+        "loaded %s into %s version %d: %d rows from %d files, %d bad lines, %.1f s",
+        path,
+        name,
+        version,
+        report.rows,
+        report.files,
+        report.bad_lines,
+        report.seconds,
+    )
+    return report
 
 
 def table_load(self: Table, path: PathLike, **options: Any) -> LoadReport:

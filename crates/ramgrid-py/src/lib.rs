@@ -903,6 +903,7 @@ fn run_server(py: Python<'_>, args: Vec<String>) -> PyResult<()> {
         Err(e) => return Err(PyValueError::new_err(e.to_string())),
     };
     config.validate().map_err(PyValueError::new_err)?;
+    ramgrid_server::log::init(&config.log, config.log_format).map_err(PyValueError::new_err)?;
     let handle = py
         .allow_threads(|| ramgrid_server::start(&config))
         .map_err(|e| PyOSError::new_err(format!("{e:#}")))?;

@@ -86,6 +86,12 @@ pub struct Config {
     /// Allow listening on a non-loopback address without a token. Anyone who can reach the port can read and write everything.
     #[arg(long)]
     pub insecure_no_auth: bool,
+    /// Log filter: a level (error, warn, info, debug, trace) or per-module directives, e.g. `info,ramgrid_server::repair=debug`. Logs go to stderr, one line per event
+    #[arg(long = "log", env = "RAMGRID_LOG", default_value = "info")]
+    pub log: String,
+    /// Log line format: `text` for people, `json` (one object per line) for log shippers
+    #[arg(long, env = "RAMGRID_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: crate::log::LogFormat,
 }
 
 fn default_threads() -> usize {

@@ -11,6 +11,7 @@ pub mod config;
 pub mod conn;
 pub mod export;
 pub mod io;
+pub mod log;
 pub mod memcache;
 pub mod meta;
 pub mod metrics;

@@ -7,6 +7,7 @@ use ramgrid_server::Config;
 
 fn main() -> anyhow::Result<()> {
     let config = Config::parse();
+    ramgrid_server::log::init(&config.log, config.log_format).map_err(anyhow::Error::msg)?;
     let handle = ramgrid_server::start(&config)?;
     {
         // Scripts and tests read the port from this exact line (port 0 picks a free one).

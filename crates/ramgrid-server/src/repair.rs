@@ -95,7 +95,7 @@ impl RepairState {
         let mut last = self.last_error.lock();
         // Retried every pass: say it once, not twice a second.
         if *last != msg {
-            eprintln!("ramgrid-server: repair: {msg}");
+            tracing::warn!("repair: {msg}");
             *last = msg;
         }
     }
@@ -191,7 +191,7 @@ pub fn use_spec_file(
         },
     };
     if committed.is_none_or(|c| c.epoch() != file.epoch()) {
-        eprintln!("ramgrid-server: the --cluster-spec file is not installed: {why}");
+        tracing::info!("the --cluster-spec file is not installed: {why}");
     }
     false
 }
@@ -206,9 +206,9 @@ fn learn_spec(state: &NativeState) {
     }
     if let Some((_, spec)) = seen.into_values().max_by_key(|(n, _)| *n) {
         match crate::cluster::install_spec(state, spec) {
-            Ok(epoch) => eprintln!(
-                "ramgrid-server: learned the cluster spec from a peer (epoch {epoch:016x})"
-            ),
+            Ok(epoch) => {
+                tracing::info!("learned the cluster spec from a peer (epoch {epoch:016x})")
+            }
             Err(e) => state.repair.fail(format!("spec from peers refused: {e}")),
         }
     }
@@ -244,7 +244,7 @@ fn learn_catalog(state: &NativeState) -> bool {
         });
         match got {
             Ok(t) => answers.push(t),
-            Err(e) => eprintln!("ramgrid-server: repair: catalog from {addr}: {e}"),
+            Err(e) => tracing::info!("repair: catalog from {addr}: {e}"),
         }
     }
     if answers.is_empty() {
@@ -331,8 +331,8 @@ fn adopt(state: &NativeState, name: &str, infos: Vec<wire::TableInfo>) -> Result
         }
         other => {
             if let Ok(stale) = other {
-                eprintln!(
-                    "ramgrid-server: repair: table {name} here is incarnation {:016x}, the peers' is {incarnation:016x}: replacing it",
+                tracing::info!(
+                    "repair: table {name} here is incarnation {:016x}, the peers' is {incarnation:016x}: replacing it",
                     stale.spec.incarnation
                 );
                 if let Some(p) = &state.persist {
@@ -354,8 +354,8 @@ fn adopt(state: &NativeState, name: &str, infos: Vec<wire::TableInfo>) -> Result
                 // Durable here too: its catalog, and a log for each open version of a log table.
                 p.sync_table(tables, name)?;
             }
-            eprintln!(
-                "ramgrid-server: repair: adopted table {name} ({} versions, current {current}) from peers",
+            tracing::info!(
+                "repair: adopted table {name} ({} versions, current {current}) from peers",
                 versions.len()
             );
         }
@@ -443,8 +443,8 @@ fn mark_replayed(
         }
         match state.tables.mark_replayed_pending(name, v, parts, servable) {
             Ok(()) => {
-                eprintln!(
-                    "ramgrid-server: repair: {name} v{v}: {} replayed partitions to {} a replica",
+                tracing::info!(
+                    "repair: {name} v{v}: {} replayed partitions to {} a replica",
                     parts.len(),
                     if servable {
                         "reconcile with"
@@ -508,8 +508,8 @@ pub fn serve_unserved(state: &NativeState, marked: &[(String, u32, Vec<u32>)]) {
             }
         }
         if served > 0 {
-            eprintln!(
-                "ramgrid-server: repair: {name} v{v}: {served} of {} replayed partitions served \
+            tracing::info!(
+                "repair: {name} v{v}: {served} of {} replayed partitions served \
                  as replayed from this server's log, no other replica serves them",
                 parts.len()
             );
@@ -647,8 +647,8 @@ fn copy_pending(state: &NativeState, name: &str) {
             {
                 // No other replica serves it (a whole-cluster restart): what this server's own
                 // log holds is the best there is, and waiting would wait for itself.
-                eprintln!(
-                    "ramgrid-server: repair: {name} v{} partition {p}: served as replayed from this server's log, no other replica serves it ({})",
+                tracing::info!(
+                    "repair: {name} v{} partition {p}: served as replayed from this server's log, no other replica serves it ({})",
                     v.version,
                     if why.is_empty() {
                         "no other replica".to_string()
@@ -661,8 +661,8 @@ fn copy_pending(state: &NativeState, name: &str) {
             if !sources.is_empty() && gone == sources.len() {
                 // Every owner dropped it while this server was away.
                 let _ = state.tables.drop_version(name, v.version, true);
-                eprintln!(
-                    "ramgrid-server: repair: {name} v{} was dropped by its replicas: dropped here",
+                tracing::info!(
+                    "repair: {name} v{} was dropped by its replicas: dropped here",
                     v.version
                 );
                 break;
@@ -752,8 +752,8 @@ fn copy_one(
     r.copied_partitions.fetch_add(1, Ordering::Relaxed);
     r.copied_bytes
         .fetch_add(image.len() as u64, Ordering::Relaxed);
-    eprintln!(
-        "ramgrid-server: repair: copied {} v{version} ({}) partition {partition} from {src}: {items} items{}, {} bytes, {:.0} ms",
+    tracing::info!(
+        "repair: copied {} v{version} ({}) partition {partition} from {src}: {items} items{}, {} bytes, {:.0} ms",
         spec.name,
         if sealed { "sealed" } else { "open" },
         if dropped == 0 {

@@ -93,8 +93,8 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         crate::metrics::check_addr(addr, config.insecure_no_auth).map_err(anyhow::Error::msg)?;
     }
     if !config.listen.ip().is_loopback() && config.token.is_none() {
-        eprintln!(
-            "ramgrid-server: WARNING: listening on {} with NO authentication (--insecure-no-auth)",
+        tracing::warn!(
+            "listening on {} with NO authentication (--insecure-no-auth)",
             config.listen
         );
     }
@@ -190,7 +190,7 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         let loaded = p.load(
             &native.tables,
             |spec| crate::native::held_partitions(cluster.as_ref(), spec),
-            |msg| eprintln!("ramgrid-server: data dir: {msg}"),
+            |msg| tracing::info!("data dir: {msg}"),
         );
         let mut marked = Vec::new();
         for l in loaded {
@@ -208,8 +208,8 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
                     l.replayed, l.log_records, l.log_bytes
                 )
             };
-            eprintln!(
-                "ramgrid-server: loaded table {:?}: versions {:?}, {} items, {} bytes{replayed}, \
+            tracing::info!(
+                "loaded table {:?}: versions {:?}, {} items, {} bytes{replayed}, \
                  {:.0} ms{}",
                 l.name,
                 l.versions,
@@ -269,6 +269,17 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
                 .spawn(move || accept_loop(listener, senders, shared, stopping))?,
         );
     }
+    tracing::info!(
+        listen = %addr,
+        threads,
+        table_memory = config.table_memory,
+        memory = config.memory,
+        data_dir = config.data_dir.as_ref().map(|d| d.display().to_string()),
+        auth = config.token.is_some(),
+        metrics = metrics_addr.map(|a| a.to_string()),
+        version = env!("CARGO_PKG_VERSION"),
+        "server started"
+    );
     Ok(ServerHandle {
         addr,
         metrics_addr,
@@ -295,7 +306,7 @@ fn accept_loop(
                     return;
                 }
                 // EMFILE and friends: back off instead of spinning; the server stays up.
-                eprintln!("ramgrid-server: accept failed: {e}");
+                tracing::warn!("accept failed: {e}");
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
@@ -308,6 +319,13 @@ fn accept_loop(
             // memcached's answer when it is out of connections; then close.
             reject(stream);
             shared.rejected_connections.fetch_add(1, Ordering::Relaxed);
+            if let Some(n) = REFUSED_AT_LIMIT.note() {
+                tracing::warn!(
+                    max_conns = shared.settings.max_conns,
+                    refused = n,
+                    "connections refused: --max-conns reached"
+                );
+            }
             continue;
         }
         shared.curr_connections.fetch_add(1, Ordering::Relaxed);
@@ -319,6 +337,9 @@ fn accept_loop(
         next = next.wrapping_add(1);
     }
 }
+
+/// Connections refused at `--max-conns`: one log line a second at most, with the count.
+static REFUSED_AT_LIMIT: crate::log::Throttle = crate::log::Throttle::new();
 
 fn reject(stream: TcpStream) {
     use std::io::Write;
@@ -343,7 +364,7 @@ fn worker_main(
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("ramgrid-server: cannot start worker runtime: {e}");
+            tracing::error!("cannot start worker runtime: {e}");
             return;
         }
     };

@@ -532,13 +532,13 @@ fn apply(state: &NativeState, meta: &Meta, ms: &MetaState) {
         r
     };
     if rejoined {
-        eprintln!(
-            "ramgrid-server: {} was failed over while away: copying in everything it holds again",
+        tracing::warn!(
+            "{} was failed over while away: copying in everything it holds again",
             meta.server_id
         );
     }
     if let Err(e) = crate::cluster::install_committed(state, spec, rejoined) {
-        eprintln!("ramgrid-server: cannot install the committed spec: {e}");
+        tracing::error!("cannot install the committed spec: {e}");
     }
 }
 
@@ -605,10 +605,7 @@ async fn catch_up(state: &NativeState, meta: &Meta) {
             apply(state, meta, &ms)
         });
         meta.stale.store(false, Ordering::Release);
-        eprintln!(
-            "ramgrid-server: {} caught up with the cluster",
-            meta.server_id
-        );
+        tracing::info!("{} caught up with the cluster", meta.server_id);
     }
 }
 
@@ -644,7 +641,7 @@ async fn bootstrap(state: &NativeState, meta: &Meta) {
     }
     let me = BTreeMap::from([(meta.node.id(), meta.server_id.clone())]);
     if let Err(e) = meta.node.initialize(me).await {
-        eprintln!("ramgrid-server: cannot form the metadata group: {e}");
+        tracing::error!("cannot form the metadata group: {e}");
         return;
     }
     let cmd = MetaCommand::SetServers {
@@ -652,10 +649,7 @@ async fn bootstrap(state: &NativeState, meta: &Meta) {
         expect_epoch: Some(0),
     };
     match meta.node.propose(cmd).await {
-        Ok(_) => eprintln!(
-            "ramgrid-server: formed the metadata group with spec epoch {:016x}",
-            c.epoch
-        ),
-        Err(e) => eprintln!("ramgrid-server: formed the metadata group; spec not set: {e}"),
+        Ok(_) => tracing::info!("formed the metadata group with spec epoch {:016x}", c.epoch),
+        Err(e) => tracing::info!("formed the metadata group; spec not set: {e}"),
     }
 }
