@@ -19,7 +19,7 @@ setup: $(VENV)/.ok ## Install what the build and tests need (memcached, Rust com
 $(VENV)/.ok: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q maturin pytest pytest-timeout pymemcache hypothesis numpy xxhash pyarrow "dask[distributed]" matplotlib wordfreq tqdm pandas ruff atheris prometheus-client scipy scikit-learn
+	$(PIP) install -q maturin pytest pytest-timeout pymemcache hypothesis numpy xxhash pyarrow "dask[distributed]" matplotlib wordfreq tqdm pandas ruff mypy atheris prometheus-client scipy scikit-learn
 	@touch $@
 
 develop: setup ## Build the Python package's native module (release) into the venv
@@ -44,6 +44,10 @@ lint: setup ## rustfmt, clippy -D warnings, ruff (check and format)
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(VENV)/bin/ruff check python examples benchmarks tests
 	$(VENV)/bin/ruff format --check python examples benchmarks tests
+	$(MAKE) --no-print-directory typecheck
+
+typecheck: setup ## mypy over python/ramgrid (configured in pyproject.toml), the native module's stub included
+	$(VENV)/bin/mypy
 
 bench: setup build ## Full benchmark vs memcached (1M keys, several rounds); records to benchmarks/results/
 	$(PY) benchmarks/memcached_compare.py --out benchmarks/results/memcached_compare.md
@@ -73,4 +77,4 @@ fuzz: develop ## Short libFuzzer run of every parser target (FUZZ_SECONDS each; 
 clean: ## Remove build outputs and the venv
 	$(CARGO) clean; rm -rf $(VENV)
 
-.PHONY: help setup develop build demo compare test lint bench fuzz soak chaos clean
+.PHONY: help setup develop build demo compare test lint typecheck bench fuzz soak chaos clean
