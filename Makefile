@@ -46,8 +46,12 @@ lint: setup ## rustfmt, clippy -D warnings, ruff (check and format)
 	$(VENV)/bin/ruff format --check python examples benchmarks tests
 	$(MAKE) --no-print-directory typecheck
 
-typecheck: setup ## mypy over python/ramgrid (configured in pyproject.toml), the native module's stub included
+typecheck: setup ## mypy over python/ramgrid (pyproject.toml); stubtest of _native.pyi against the built module
 	$(VENV)/bin/mypy
+	@if $(PY) -c 'import ramgrid._native' 2>/dev/null; then \
+	  $(PY) -m mypy.stubtest ramgrid._native --mypy-config-file pyproject.toml \
+	    --allowlist python/ramgrid/_native.stubtest-allowlist; \
+	else echo "typecheck: ramgrid._native is not built (make develop): stub not compared with it"; fi
 
 bench: setup build ## Full benchmark vs memcached (1M keys, several rounds); records to benchmarks/results/
 	$(PY) benchmarks/memcached_compare.py --out benchmarks/results/memcached_compare.md

@@ -11,16 +11,17 @@ Int keys given in a list are encoded like int64 array keys, so `[1, 2]` and `np.
 """
 
 from collections.abc import Sequence
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, final
 
 import numpy as np
 import numpy.typing as npt
 
 KeysLike: TypeAlias = Sequence[str | bytes | int] | npt.NDArray[np.int64] | tuple[npt.NDArray[np.int64], bytes]
 
+@final
 class Client:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         servers: list[str],
         token: str | None = None,
         timeout_ms: int = 5000,
@@ -29,7 +30,7 @@ class Client:
         near_cache_bytes: int = 0,  # near cache for pinned (sealed) versions; 0 = off
         pool_size: int = 4,  # idle connections kept per server
         call_timeout_ms: int = 30000,  # limit for a whole call, retries and failovers included
-    ) -> None: ...
+    ) -> Client: ...
     def servers(self) -> list[str]: ...
     def epoch(self) -> int: ...
     def refresh_spec(self) -> None: ...
@@ -136,6 +137,7 @@ def lookup_reduce(
 # Scans, filters and top_k (crates/ramgrid-py/src/scan.rs; the Python API is python/ramgrid/scan.py).
 # A chunk is (partition, key_offsets int64[n+1], key_data uint8[], values): values a numpy array for numeric
 # tables (float32 (n, dim) for vectors), or (offsets int64[n+1], data uint8[]) for bytes tables.
+@final
 class ScanIter:
     version: int
     restarts: int

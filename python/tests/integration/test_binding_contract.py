@@ -87,3 +87,22 @@ def test_the_lm_job_imports_without_the_test_codec_or_xxhash() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
+
+
+def test_lm_items_per_server_match_the_reference_partition_map(
+    grid3: ramgrid.LocalGrid, table_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ramgrid import _wire
+    from ramgrid.lm import experiment
+
+    grid3.create_table(table_name, partitions=16, replication=2, value_type="f64")
+    monkeypatch.setattr(experiment, "TABLE", table_name)
+    keys = [f"token{i}" for i in range(2000)]
+    got = experiment._grid_items_per_server(grid3, keys)
+    # What the job computed before, from the test codec's restatement of the spec's algorithm.
+    servers = list(grid3.servers)
+    pmap = _wire.partition_map(servers, 16, 2)
+    want = [0] * len(servers)
+    for k in keys:
+        want[pmap[_native.partition_of(k, 16)][0]] += 1
+    assert got == want and sum(got) == len(keys)
