@@ -22,7 +22,8 @@ fn a_chunked_read_keeps_the_version_of_its_first_chunk() {
     let c = cluster.client();
     c.create_table("t", 8, 1, ValueType::I64).unwrap();
     let keys: Vec<i64> = (0..100).collect();
-    c.put("t", Keys::I64(&keys), ValuesRef::I64(&keys), 0).unwrap();
+    c.put("t", Keys::I64(&keys), ValuesRef::I64(&keys), 0)
+        .unwrap();
     c.seal_version("t", 1).unwrap();
 
     // Between the first and second chunk, version 2 (every value negated) becomes current.
