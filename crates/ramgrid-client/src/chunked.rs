@@ -1,5 +1,5 @@
 //! Long batches in chunks, for callers that must regain control between network calls (the Python
-//! binding checks for Ctrl-C there): a read reads every chunk at the version the first chunk
+//! binding checks for Ctrl-C there): a read (or an f64 lookup) reads every chunk at the version the first chunk
 //! resolved, so the whole batch sees one version; a write goes on past a chunk's failed keys and
 //! reports every chunk's failures together, as one unchunked call would.
 
@@ -160,6 +160,38 @@ impl Client {
                 Err(stopped) => return Err(stopped),
             }
         }
+    }
+
+    /// [`Client::lookup_f64`] in chunks of `chunk` keys, calling `between` between two chunks;
+    /// every chunk reads the version the first one resolved, which is returned.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "lookup_f64's arguments, and the chunking"
+    )]
+    pub fn lookup_f64_chunked<E>(
+        &self,
+        table: &str,
+        incarnation: u64,
+        version: u32,
+        keys: &[&[u8]],
+        values: &mut [f64],
+        found: &mut [bool],
+        chunk: usize,
+        between: impl FnMut() -> Result<(), E>,
+    ) -> Result<u32, ChunkedError<E>> {
+        let mut pinned = version;
+        each_chunk(keys.len(), chunk, between, |r| {
+            pinned = self.lookup_f64(
+                table,
+                incarnation,
+                pinned,
+                &keys[r.clone()],
+                &mut values[r.clone()],
+                &mut found[r],
+            )?;
+            Ok(())
+        })?;
+        Ok(pinned)
     }
 
     /// [`Client::put`] in chunks of `chunk` keys, calling `between` between two chunks. A chunk's

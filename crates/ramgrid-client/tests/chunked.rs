@@ -121,3 +121,34 @@ fn the_hook_between_chunks_stops_a_write_after_the_chunks_before_it() {
     let got = c.get("s", Keys::I64(&keys), 0).unwrap();
     assert_eq!(got.found, [[true; 4].as_slice(), &[false; 6]].concat());
 }
+
+#[test]
+fn a_chunked_f64_lookup_keeps_the_version_of_its_first_chunk() {
+    let cluster = Cluster::start(1);
+    let c = cluster.client();
+    c.create_table("f", 4, 1, ValueType::F64).unwrap();
+    let names: Vec<String> = (0..50).map(|i| format!("w{i}")).collect();
+    let keys: Vec<&[u8]> = names.iter().map(|k| k.as_bytes()).collect();
+    let ones = vec![1.0; 50];
+    c.put("f", Keys::Slices(&keys), ValuesRef::F64(&ones), 0)
+        .unwrap();
+    c.seal_version("f", 1).unwrap();
+    let mut values = vec![0.0; 50];
+    let mut found = vec![false; 50];
+    let mut switched = false;
+    let version = c
+        .lookup_f64_chunked("f", 0, 0, &keys, &mut values, &mut found, 20, || {
+            if !switched {
+                switched = true;
+                let v = c.create_version("f")?;
+                c.put("f", Keys::Slices(&keys), ValuesRef::F64(&[2.0; 50]), v)?;
+                c.seal_version("f", v)?;
+                c.set_current("f", v)?;
+            }
+            Ok::<(), Error>(())
+        })
+        .unwrap();
+    assert_eq!(version, 1);
+    assert!(found.iter().all(|&f| f));
+    assert_eq!(values, ones);
+}

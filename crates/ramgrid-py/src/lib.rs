@@ -141,7 +141,7 @@ impl<'py> KeyHolder<'py> {
 
 /// Python's signal check, for a chunked call to run between chunks: with the GIL released for
 /// the call, it takes the GIL back only for the check (Ctrl-C raises KeyboardInterrupt here).
-fn check_signals() -> PyResult<()> {
+pub(crate) fn check_signals() -> PyResult<()> {
     Python::with_gil(|py| py.check_signals())
 }
 
