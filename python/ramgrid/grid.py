@@ -14,12 +14,13 @@ import os
 import threading
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Union, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ramgrid._keys import NativeKeys, convert_keys, convert_values, fit_values, key_count
 from ramgrid._metrics import table_figures
+from ramgrid._types import ValueTypeLike, parse_value_type
 from ramgrid.config import SpecLike, parse_spec
 from ramgrid.exceptions import KeysNotFound, RamgridError
 from ramgrid.ops import _Operators
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Grid", "GridConfig", "PinnedTable", "Table", "VersionPart", "VersionWriter", "connect", "native"]
 
-ValueType = Union[str, tuple[str, int]]
+ValueType = ValueTypeLike
 _ACKS = ("all", "majority", "one")
 
 
@@ -132,7 +133,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_inherited_clients)
 
 
-def client_for(config: GridConfig) -> Any:
+def client_for(config: GridConfig) -> Client:
     """The native client for `config` in this process, created on first use."""
     reg = _registry
     if reg.pid != os.getpid():  # forked by something that bypassed os.register_at_fork hooks
@@ -148,7 +149,7 @@ def client_for(config: GridConfig) -> Any:
     return c
 
 
-def _existing_client(config: GridConfig) -> Any:
+def _existing_client(config: GridConfig) -> Client | None:
     """This process's client for `config` if one was made, else None (creates nothing)."""
     reg = _registry
     if reg.pid != os.getpid():
@@ -165,24 +166,6 @@ def release_client(config: GridConfig) -> None:
         c = reg.clients.pop(config, None)
     if c is not None:
         c.close()
-
-
-def _parse_value_type(value_type: ValueType, dim: int) -> tuple[str, int]:
-    if isinstance(value_type, tuple):
-        if len(value_type) != 2 or value_type[0] != "f32vec":
-            raise ValueError(f"tuple value types are ('f32vec', dim), got {value_type!r}")
-        vt, d = "f32vec", int(value_type[1])
-    else:
-        vt, d = str(value_type), dim
-        if vt.startswith("f32vec:"):
-            vt, d = "f32vec", int(vt.split(":", 1)[1])
-    if vt not in ("bytes", "i64", "f64", "f32vec"):
-        raise ValueError(f"value_type must be 'bytes', 'i64', 'f64' or ('f32vec', dim), got {value_type!r}")
-    if vt == "f32vec" and d <= 0:
-        raise ValueError("an f32vec table needs a dimension > 0: value_type=('f32vec', dim)")
-    if vt != "f32vec":
-        d = 0
-    return vt, d
 
 
 class Grid:
@@ -205,7 +188,7 @@ class Grid:
             return list(c.servers())
         return list(self._config.servers)
 
-    def _client(self) -> Any:
+    def _client(self) -> Client:
         return client_for(self._config)
 
     def __reduce__(self) -> Any:
@@ -255,7 +238,7 @@ class Grid:
         appended to a write-ahead log, fsynced before it is acknowledged, and replayed at restart). Each created table gets a new incarnation id, so a table created
         again under the same name is a different table to every client.
         """
-        vt, d = _parse_value_type(value_type, dim)
+        vt, d = parse_value_type(value_type, dim)
         if partitions < 1 or replication < 1:
             raise ValueError("partitions and replication must be >= 1")
         client = self._client()
@@ -438,7 +421,7 @@ class _Reader:
         _, found = self._client().get_many(self.name, [key], self._read_version, self._read_incarnation)
         return bool(found[0])
 
-    def _client(self) -> Any:
+    def _client(self) -> Client:
         return self._grid._client()
 
 

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 import numpy as np
 
 from ramgrid._gzip import gunzip
+from ramgrid._types import parse_value_type, spell_value_type
 from ramgrid.exceptions import BatchError, LoadError, RamgridError, TableNotFound
 from ramgrid.grid import Grid, Table, VersionPart, VersionWriter, client_for
 
@@ -1183,17 +1184,11 @@ def _describe(grid: Grid, name: str) -> dict[str, Any] | None:
 
 
 def _type_of(info: dict[str, Any]) -> str:
-    vt = str(info.get("value_type"))
-    return f"f32vec:{info.get('dim')}" if vt == "f32vec" else vt
+    return spell_value_type(str(info.get("value_type")), int(info.get("dim") or 0))
 
 
 def _norm_type(value_type: Any) -> str:
-    if isinstance(value_type, tuple):
-        return f"{value_type[0]}:{int(value_type[1])}"
-    vt = str(value_type)
-    if vt not in ("bytes", "i64", "f64") and not vt.startswith("f32vec:"):
-        raise ValueError(f"value_type must be 'bytes', 'i64', 'f64' or ('f32vec', dim), got {value_type!r}")
-    return vt
+    return spell_value_type(*parse_value_type(value_type))
 
 
 def _run_on_threads(

@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 
 mod admin;
+pub mod chunked;
 mod client;
 mod conn;
 mod deadline;
@@ -38,6 +39,7 @@ mod topology;
 pub mod values;
 mod write;
 
+pub use chunked::{ChunkedError, CHUNK_KEYS};
 pub use client::{
     Client, ClientConfig, GetResult, ServerStats, TableDescription, TableMeta, VersionSummary,
 };

@@ -19,6 +19,7 @@ pub mod native;
 pub mod peer;
 pub mod persist;
 pub mod repair;
+pub mod run;
 pub mod server;
 pub mod stats;
 pub mod wal;
@@ -26,4 +27,5 @@ pub mod wal;
 pub use config::Config;
 /// The memcached requests' execution, where it was before the server was split by protocol.
 pub use memcache::dispatch;
+pub use run::{parse_args, run_until, Args, Stopped};
 pub use server::{start, ServerHandle};
