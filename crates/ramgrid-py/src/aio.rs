@@ -1,0 +1,244 @@
+//! Pipelined and asynchronous reads for Python (`python/ramgrid/aio.py` wraps them).
+//!
+//! `PipelinedGets` is an iterator over the results of an iterable of key batches, with up to
+//! `depth` batches in flight on the client's servers (`ramgrid_client::Pipeline`); the GIL is
+//! released while it waits. `AioReader` serves asyncio: one I/O thread per reader owns a pipeline,
+//! takes the batches callers submit (each with a completion callback), keeps up to `depth` of
+//! them in flight and calls each batch's callback, in submission order, with `(True, (values,
+//! found))` or `(False, exception)`. The callback (aio.py's) hands the result to the event loop
+//! with `call_soon_threadsafe`; a caller that was cancelled meanwhile simply never takes it. The
+//! pipeline matches every reply to its own batch by request id, so a cancelled call's reply can
+//! never be read as another call's.
+
+use std::collections::VecDeque;
+use std::sync::{mpsc, Mutex, MutexGuard};
+
+use numpy::{IntoPyArray, PyArrayMethods};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyIterator, PyList, PyTuple};
+use ramgrid_client::{GetResult, OwnedKeys, Pipeline, Values};
+
+use super::{to_py, Client, KeyHolder};
+
+/// A copy of a Python batch of keys (any form `get_many` takes); the same errors for bad input.
+fn owned_keys(keys: &Bound<'_, PyAny>) -> PyResult<OwnedKeys> {
+    let holder = KeyHolder::new(keys)?;
+    let slices = holder.slices()?;
+    Ok(OwnedKeys::copy_of(holder.keys(&slices)))
+}
+
+/// `(values, found)` as `Client.get_many` returns them.
+fn result_pair(py: Python<'_>, r: GetResult) -> PyResult<Bound<'_, PyTuple>> {
+    let n = r.found.len();
+    let values = match r.values {
+        Values::I64(v) => v.into_pyarray(py).into_any(),
+        Values::F64(v) => v.into_pyarray(py).into_any(),
+        Values::F32Vec { dim, data } => data.into_pyarray(py).reshape([n, dim])?.into_any(),
+        Values::Bytes(b) => {
+            let list = PyList::empty(py);
+            for (i, &hit) in r.found.iter().enumerate() {
+                if hit {
+                    list.append(PyBytes::new(py, b.get(i)))?;
+                } else {
+                    list.append(py.None())?;
+                }
+            }
+            list.into_any()
+        }
+    };
+    PyTuple::new(py, [values, r.found.into_pyarray(py).into_any()])
+}
+
+/// Results of a stream of batches, in order, with up to `depth` in flight.
+#[pyclass(module = "ramgrid._native")]
+pub(crate) struct PipelinedGets {
+    pipeline: Pipeline,
+    source: Option<Py<PyIterator>>,
+    /// An error taking the next batch from the source: raised after the batches before it.
+    source_error: Option<PyErr>,
+    table: String,
+    version: u32,
+    incarnation: u64,
+    depth: usize,
+}
+
+/// `PipelinedGets` over `batches` (an iterable of key batches) of `table`.
+#[pyfunction]
+#[pyo3(signature = (client, table, batches, depth=8, version=0, incarnation=0))]
+pub(crate) fn get_many_pipelined(
+    client: PyRef<'_, Client>,
+    table: &str,
+    batches: &Bound<'_, PyAny>,
+    depth: usize,
+    version: u32,
+    incarnation: u64,
+) -> PyResult<PipelinedGets> {
+    if depth == 0 {
+        return Err(PyValueError::new_err("depth must be at least 1"));
+    }
+    Ok(PipelinedGets {
+        pipeline: client.inner.pipeline(),
+        source: Some(batches.try_iter()?.unbind()),
+        source_error: None,
+        table: table.to_string(),
+        version,
+        incarnation,
+        depth,
+    })
+}
+
+#[pymethods]
+impl PipelinedGets {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        while self.pipeline.in_flight() < self.depth {
+            let Some(source) = &self.source else { break };
+            let item = source.bind(py).clone().next();
+            match item.map(|k| k.and_then(|k| owned_keys(&k))) {
+                Some(Ok(keys)) => {
+                    let (table, v, inc) = (&self.table, self.version, self.incarnation);
+                    let p = &mut self.pipeline;
+                    py.allow_threads(|| p.submit(table, keys, v, inc));
+                }
+                Some(Err(e)) => {
+                    self.source_error = Some(e);
+                    self.source = None;
+                }
+                None => self.source = None,
+            }
+        }
+        let p = &mut self.pipeline;
+        let Some(result) = py.allow_threads(|| p.next()) else {
+            return match self.source_error.take() {
+                Some(e) => Err(e),
+                None => Ok(None),
+            };
+        };
+        py.check_signals()?;
+        match result {
+            Ok(r) => result_pair(py, r).map(Some),
+            Err(e) => Err(to_py(py, e)),
+        }
+    }
+
+    /// Batches read again through the unpipelined path so far (a server failed or refused).
+    #[getter]
+    fn redone(&self) -> u64 {
+        self.pipeline.redone()
+    }
+}
+
+struct Job {
+    table: String,
+    keys: OwnedKeys,
+    version: u32,
+    incarnation: u64,
+    done: Py<PyAny>,
+}
+
+/// The I/O thread behind asyncio reads (see the module).
+#[pyclass(module = "ramgrid._native", frozen)]
+pub(crate) struct AioReader {
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+#[pymethods]
+impl AioReader {
+    #[new]
+    #[pyo3(signature = (client, depth=32))]
+    fn new(client: PyRef<'_, Client>, depth: usize) -> PyResult<AioReader> {
+        if depth == 0 {
+            return Err(PyValueError::new_err("depth must be at least 1"));
+        }
+        let (tx, rx) = mpsc::channel();
+        let pipeline = client.inner.pipeline();
+        let thread = std::thread::Builder::new()
+            .name("ramgrid-aio".into())
+            .spawn(move || serve(pipeline, rx, depth))
+            .map_err(|e| PyRuntimeError::new_err(format!("cannot start the I/O thread: {e}")))?;
+        Ok(AioReader {
+            jobs: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Queues one batch; `done(ok, value)` is called from the I/O thread when it is read. Bad
+    /// keys raise here, as `get_many` raises them.
+    #[pyo3(signature = (table, keys, version, incarnation, done))]
+    fn submit(
+        &self,
+        table: &str,
+        keys: &Bound<'_, PyAny>,
+        version: u32,
+        incarnation: u64,
+        done: Py<PyAny>,
+    ) -> PyResult<()> {
+        let job = Job {
+            table: table.to_string(),
+            keys: owned_keys(keys)?,
+            version,
+            incarnation,
+            done,
+        };
+        match &*lock(&self.jobs) {
+            Some(tx) => tx
+                .send(job)
+                .map_err(|_| PyRuntimeError::new_err("the async reader's I/O thread has stopped")),
+            None => Err(PyRuntimeError::new_err("the async reader is closed")),
+        }
+    }
+
+    /// Stops taking batches, finishes those queued and waits for the I/O thread.
+    fn close(&self, py: Python<'_>) {
+        lock(&self.jobs).take();
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = py.allow_threads(|| t.join());
+        }
+    }
+}
+
+/// A poisoned lock only means a panic elsewhere while it was held; what it guards stays valid.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The I/O thread: submit what is queued (up to `depth` in flight; waits for a job when none
+/// is), then finish the oldest batch and call its callback. Ends when the reader is closed or
+/// dropped and nothing is left in flight.
+fn serve(mut p: Pipeline, jobs: mpsc::Receiver<Job>, depth: usize) {
+    let mut waiting: VecDeque<Py<PyAny>> = VecDeque::new();
+    loop {
+        while waiting.len() < depth {
+            let job = if waiting.is_empty() {
+                match jobs.recv() {
+                    Ok(j) => j,
+                    Err(_) => return,
+                }
+            } else {
+                match jobs.try_recv() {
+                    Ok(j) => j,
+                    Err(_) => break,
+                }
+            };
+            p.submit(&job.table, job.keys, job.version, job.incarnation);
+            waiting.push_back(job.done);
+        }
+        let (Some(result), Some(done)) = (p.next(), waiting.pop_front()) else {
+            continue;
+        };
+        Python::with_gil(|py| {
+            let arg = match result.map_err(|e| to_py(py, e)).and_then(|r| result_pair(py, r)) {
+                Ok(pair) => (true, pair.into_any()),
+                Err(e) => (false, e.into_value(py).into_bound(py).into_any()),
+            };
+            if let Err(e) = done.call1(py, arg) {
+                e.write_unraisable(py, None);
+            }
+        });
+    }
+}

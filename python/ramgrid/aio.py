@@ -1,0 +1,147 @@
+"""Many batches in flight: pipelined batch reads for a thread, and asyncio reads for services.
+
+`Table.get_many_batches(batches, depth=8)` reads an iterable of key batches with up to `depth` of them in flight
+on each server's connection and yields each batch's result in order, so a thread issuing small batches is not
+bound by one round trip per batch. `await table.get_many_async(keys)` reads one batch without blocking the event
+loop: one native I/O thread per client (not one per call) keeps the batches of every task in flight and hands each
+result to its task's loop with `call_soon_threadsafe`. A task cancelled while its batch is in flight never takes the
+reply, and no other call can: replies are matched to their own batch by request id (docs/ARCHITECTURE.md,
+"Pipelined reads").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ramgrid._keys import convert_keys
+
+if TYPE_CHECKING:
+    from ramgrid.grid import Grid
+
+# "No default given": a missing key raises, as in `get_many`.
+_UNSET: Any = object()
+
+# Batches one client's I/O thread keeps in flight for asyncio callers.
+ASYNC_DEPTH = 32
+
+_lock = threading.Lock()
+# id(native client) -> (pid, native client, its AioReader). The client is held so its id is not reused.
+_readers: dict[int, tuple[int, Any, Any]] = {}
+
+
+def _reader(client: Any) -> Any:
+    """The asyncio I/O thread of `client` in this process, started on first use."""
+    entry = _readers.get(id(client))
+    if entry is not None and entry[0] == os.getpid() and entry[1] is client:
+        return entry[2]
+    from ramgrid.grid import _native
+
+    with _lock:
+        entry = _readers.get(id(client))
+        if entry is None or entry[0] != os.getpid() or entry[1] is not client:
+            entry = (os.getpid(), client, _native().AioReader(client, ASYNC_DEPTH))
+            _readers[id(client)] = entry
+    return entry[2]
+
+
+def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    # A cancelled caller's future is done already: its reply ends here, read by no one.
+    if fut.done():
+        return
+    if ok:
+        fut.set_result(value)
+    else:
+        fut.set_exception(value)
+
+
+def _completion(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any]) -> Any:
+    def done(ok: bool, value: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(_settle, fut, ok, value)
+        except RuntimeError:
+            pass  # the loop was closed while the batch was in flight: no one is waiting
+
+    return done
+
+
+class _PipelinedReads:
+    """Pipelined and asyncio reads, mixed into the read handles (Table, PinnedTable, VersionWriter)."""
+
+    _grid: Grid
+    name: str
+    _read_version: int
+    _read_incarnation: int
+
+    def _finish_get(self, k: Any, values: Any, found: np.ndarray, default: Any) -> Any:
+        raise NotImplementedError  # grid._Reader
+
+    def lookup_batches(self, batches: Iterable[Any], depth: int = 8) -> Iterator[tuple[Any, np.ndarray]]:
+        """Like `lookup` for each batch of `batches` (an iterable of key batches), in order, with up to `depth`
+        batches in flight. Errors are raised in their batch's turn, after the results of the batches before it."""
+        native = self._grid._client()
+        converted = (convert_keys(b) for b in batches)
+        yield from native_pipelined(native, self.name, converted, depth, self._read_version, self._read_incarnation)
+
+    def get_many_batches(self, batches: Iterable[Any], depth: int = 8, default: Any = _UNSET) -> Iterator[Any]:
+        """Like `get_many` for each batch of `batches`, in order, with up to `depth` batches in flight on each
+        server's connection. A missing key raises KeysNotFound in its batch's turn unless `default` is given
+        (e.g. `default=np.nan`)."""
+        sent: collections.deque[Any] = collections.deque()
+
+        def take() -> Iterator[Any]:
+            for b in batches:
+                k = convert_keys(b)
+                sent.append(k)
+                yield k
+
+        native = self._grid._client()
+        from ramgrid.grid import RAISE
+
+        dflt = RAISE if default is _UNSET else default
+        for values, found in native_pipelined(
+            native, self.name, take(), depth, self._read_version, self._read_incarnation
+        ):
+            yield self._finish_get(sent.popleft(), values, found, dflt)
+
+    async def lookup_async(self, keys: Any) -> tuple[Any, np.ndarray]:
+        """`lookup` for asyncio: `(values, found)`, without blocking the event loop."""
+        k = convert_keys(keys)
+        result: tuple[Any, np.ndarray] = await self._submit_async(k)
+        return result
+
+    async def get_many_async(self, keys: Any, default: Any = _UNSET) -> Any:
+        """`get_many` for asyncio (same results and errors), without blocking the event loop. Many tasks may
+        await reads at once: their batches share the client's connections, up to 32 in flight."""
+        from ramgrid.grid import RAISE
+
+        k = convert_keys(keys)
+        values, found = await self._submit_async(k)
+        return self._finish_get(k, values, found, RAISE if default is _UNSET else default)
+
+    def _submit_async(self, k: Any) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        reader = _reader(self._grid._client())
+        reader.submit(self.name, k, self._read_version, self._read_incarnation, _completion(loop, fut))
+        return fut
+
+
+def native_pipelined(
+    native: Any, table: str, batches: Iterable[Any], depth: int, version: int, incarnation: int
+) -> Iterator[tuple[Any, np.ndarray]]:
+    """The native pipelined iterator over converted key batches (see `ramgrid._native.get_many_pipelined`)."""
+    from ramgrid.grid import _native
+
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+        raise ValueError(f"depth must be an int >= 1, got {depth!r}")
+    it: Iterator[tuple[Any, np.ndarray]] = _native().get_many_pipelined(
+        native, table, iter(batches), depth, version, incarnation
+    )
+    return it
