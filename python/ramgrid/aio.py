@@ -41,12 +41,12 @@ def _reader(client: Any) -> Any:
     entry = _readers.get(id(client))
     if entry is not None and entry[0] == os.getpid() and entry[1] is client:
         return entry[2]
-    from ramgrid.grid import _native
+    from ramgrid.grid import native
 
     with _lock:
         entry = _readers.get(id(client))
         if entry is None or entry[0] != os.getpid() or entry[1] is not client:
-            entry = (os.getpid(), client, _native().AioReader(client, ASYNC_DEPTH))
+            entry = (os.getpid(), client, native().AioReader(client, ASYNC_DEPTH))
             _readers[id(client)] = entry
     return entry[2]
 
@@ -85,9 +85,9 @@ class _PipelinedReads:
     def lookup_batches(self, batches: Iterable[Any], depth: int = 8) -> Iterator[tuple[Any, np.ndarray]]:
         """Like `lookup` for each batch of `batches` (an iterable of key batches), in order, with up to `depth`
         batches in flight. Errors are raised in their batch's turn, after the results of the batches before it."""
-        native = self._grid._client()
+        client = self._grid._client()
         converted = (convert_keys(b) for b in batches)
-        yield from native_pipelined(native, self.name, converted, depth, self._read_version, self._read_incarnation)
+        yield from native_pipelined(client, self.name, converted, depth, self._read_version, self._read_incarnation)
 
     def get_many_batches(self, batches: Iterable[Any], depth: int = 8, default: Any = _UNSET) -> Iterator[Any]:
         """Like `get_many` for each batch of `batches`, in order, with up to `depth` batches in flight on each
@@ -101,12 +101,12 @@ class _PipelinedReads:
                 sent.append(k)
                 yield k
 
-        native = self._grid._client()
+        client = self._grid._client()
         from ramgrid.grid import RAISE
 
         dflt = RAISE if default is _UNSET else default
         for values, found in native_pipelined(
-            native, self.name, take(), depth, self._read_version, self._read_incarnation
+            client, self.name, take(), depth, self._read_version, self._read_incarnation
         ):
             yield self._finish_get(sent.popleft(), values, found, dflt)
 
@@ -134,14 +134,14 @@ class _PipelinedReads:
 
 
 def native_pipelined(
-    native: Any, table: str, batches: Iterable[Any], depth: int, version: int, incarnation: int
+    client: Any, table: str, batches: Iterable[Any], depth: int, version: int, incarnation: int
 ) -> Iterator[tuple[Any, np.ndarray]]:
     """The native pipelined iterator over converted key batches (see `ramgrid._native.get_many_pipelined`)."""
-    from ramgrid.grid import _native
+    from ramgrid.grid import native
 
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
         raise ValueError(f"depth must be an int >= 1, got {depth!r}")
-    it: Iterator[tuple[Any, np.ndarray]] = _native().get_many_pipelined(
-        native, table, iter(batches), depth, version, incarnation
+    it: Iterator[tuple[Any, np.ndarray]] = native().get_many_pipelined(
+        client, table, iter(batches), depth, version, incarnation
     )
     return it
