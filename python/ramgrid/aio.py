@@ -3,8 +3,8 @@
 `Table.get_many_batches(batches, depth=8)` reads an iterable of key batches with up to `depth` of them in flight
 on each server's connection and yields each batch's result in order, so a thread issuing small batches is not
 bound by one round trip per batch. `await table.get_many_async(keys)` reads one batch without blocking the event
-loop: one native I/O thread per client (not one per call) keeps the batches of every task in flight and hands each
-result to its task's loop with `call_soon_threadsafe`. A task cancelled while its batch is in flight never takes the
+loop: one native I/O thread per client and event loop (not one per call) keeps the batches of every task in flight,
+and the loop takes the finished results when the thread's wake-up socket becomes readable. A task cancelled while its batch is in flight never takes the
 reply, and no other call can: replies are matched to their own batch by request id (docs/ARCHITECTURE.md,
 "Pipelined reads").
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
-import threading
+import itertools
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -31,44 +31,51 @@ _UNSET: Any = object()
 # Batches one client's I/O thread keeps in flight for asyncio callers.
 ASYNC_DEPTH = 32
 
-_lock = threading.Lock()
-# id(native client) -> (pid, native client, its AioReader). The client is held so its id is not reused.
-_readers: dict[int, tuple[int, Any, Any]] = {}
+
+class _LoopReads:
+    """One client's asyncio reads on one event loop: the native reader (its I/O thread) and the futures waiting on
+    it, by token. The loop watches the reader's wake-up socket and settles the futures on its own thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, client: Any) -> None:
+        from ramgrid.grid import native
+
+        self.client = client
+        self.reader = native().AioReader(client, ASYNC_DEPTH)
+        self.futures: dict[int, asyncio.Future[Any]] = {}
+        self.tokens = itertools.count()
+        # Holds no reference to the loop (the registry is keyed weakly by it).
+        loop.add_reader(self.reader.fileno(), self._drain)
+
+    def _drain(self) -> None:
+        for token, ok, value in self.reader.drain():
+            fut = self.futures.pop(token, None)
+            # A cancelled caller's future is done already: its reply ends here, read by no one.
+            if fut is None or fut.done():
+                continue
+            if ok:
+                fut.set_result(value)
+            else:
+                fut.set_exception(value)
+
+    def submit(self, table: str, k: Any, version: int, incarnation: int) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        token = next(self.tokens)
+        self.reader.submit(table, k, version, incarnation, token)
+        self.futures[token] = fut
+        return fut
 
 
-def _reader(client: Any) -> Any:
-    """The asyncio I/O thread of `client` in this process, started on first use."""
-    entry = _readers.get(id(client))
-    if entry is not None and entry[0] == os.getpid() and entry[1] is client:
-        return entry[2]
-    from ramgrid.grid import native
-
-    with _lock:
-        entry = _readers.get(id(client))
-        if entry is None or entry[0] != os.getpid() or entry[1] is not client:
-            entry = (os.getpid(), client, native().AioReader(client, ASYNC_DEPTH))
-            _readers[id(client)] = entry
-    return entry[2]
+# event loop -> {id(native client): its _LoopReads}; an entry goes with its loop.
+_per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, _LoopReads]] = weakref.WeakKeyDictionary()
 
 
-def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
-    # A cancelled caller's future is done already: its reply ends here, read by no one.
-    if fut.done():
-        return
-    if ok:
-        fut.set_result(value)
-    else:
-        fut.set_exception(value)
-
-
-def _completion(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any]) -> Any:
-    def done(ok: bool, value: Any) -> None:
-        try:
-            loop.call_soon_threadsafe(_settle, fut, ok, value)
-        except RuntimeError:
-            pass  # the loop was closed while the batch was in flight: no one is waiting
-
-    return done
+def _loop_reads(client: Any) -> _LoopReads:
+    loop = asyncio.get_running_loop()
+    readers = _per_loop.setdefault(loop, {})
+    lr = readers.get(id(client))
+    if lr is None or lr.client is not client:
+        lr = readers[id(client)] = _LoopReads(loop, client)
+    return lr
 
 
 class _PipelinedReads:
@@ -126,11 +133,7 @@ class _PipelinedReads:
         return self._finish_get(k, values, found, RAISE if default is _UNSET else default)
 
     def _submit_async(self, k: Any) -> asyncio.Future[Any]:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        reader = _reader(self._grid._client())
-        reader.submit(self.name, k, self._read_version, self._read_incarnation, _completion(loop, fut))
-        return fut
+        return _loop_reads(self._grid._client()).submit(self.name, k, self._read_version, self._read_incarnation)
 
 
 def native_pipelined(

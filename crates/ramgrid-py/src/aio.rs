@@ -3,15 +3,19 @@
 //! `PipelinedGets` is an iterator over the results of an iterable of key batches, with up to
 //! `depth` batches in flight on the client's servers (`ramgrid_client::Pipeline`); the GIL is
 //! released while it waits. `AioReader` serves asyncio: one I/O thread per reader owns a pipeline,
-//! takes the batches callers submit (each with a completion callback), keeps up to `depth` of
-//! them in flight and calls each batch's callback, in submission order, with `(True, (values,
-//! found))` or `(False, exception)`. The callback (aio.py's) hands the result to the event loop
-//! with `call_soon_threadsafe`; a caller that was cancelled meanwhile simply never takes it. The
-//! pipeline matches every reply to its own batch by request id, so a cancelled call's reply can
-//! never be read as another call's.
+//! takes the batches callers submit (each under a token), keeps up to `depth` of them in flight,
+//! and puts each finished result on a list, waking the event loop through a socket pair; the
+//! loop (aio.py) watches the socket and drains the list, converting results to Python objects on
+//! its own thread. The I/O thread never takes the GIL, so it never waits for the loop's thread
+//! to let go of it. A caller cancelled meanwhile simply never takes its result. The pipeline
+//! matches every reply to its own batch by request id, so a cancelled call's reply can never be
+//! read as another call's.
 
 use std::collections::VecDeque;
-use std::sync::{mpsc, Mutex, MutexGuard};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 
 use numpy::{IntoPyArray, PyArrayMethods};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -137,14 +141,39 @@ struct Job {
     keys: OwnedKeys,
     version: u32,
     incarnation: u64,
-    done: Py<PyAny>,
+    token: u64,
 }
 
-/// The I/O thread behind asyncio reads (see the module).
+/// Results the I/O thread has finished, waiting for the event loop to take them, and the socket
+/// pair that wakes the loop: one byte is written when the list becomes non-empty.
+struct Finished {
+    results: Mutex<Vec<(u64, ramgrid_client::Result<GetResult>)>>,
+    wake: UnixStream,
+}
+
+impl Finished {
+    fn push(&self, token: u64, r: ramgrid_client::Result<GetResult>) {
+        let mut results = lock(&self.results);
+        let was_empty = results.is_empty();
+        results.push((token, r));
+        drop(results);
+        if was_empty {
+            // A full socket means a wake-up is pending already; nothing else can go wrong here
+            // that the loop would not see as the reader's socket closing.
+            let _ = (&self.wake).write(&[1]);
+        }
+    }
+}
+
+/// The I/O thread behind asyncio reads (see the module). The event loop watches `fileno()` and
+/// calls `drain()` when it is readable; the I/O thread never takes the GIL.
 #[pyclass(module = "ramgrid._native", frozen)]
 pub(crate) struct AioReader {
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    finished: Arc<Finished>,
+    /// The loop's end of the wake-up socket pair (non-blocking).
+    woken: UnixStream,
 }
 
 #[pymethods]
@@ -155,35 +184,46 @@ impl AioReader {
         if depth == 0 {
             return Err(PyValueError::new_err("depth must be at least 1"));
         }
+        let io = |e: std::io::Error| PyRuntimeError::new_err(format!("cannot start the async reader: {e}"));
+        let (woken, wake) = UnixStream::pair().map_err(io)?;
+        woken.set_nonblocking(true).map_err(io)?;
+        wake.set_nonblocking(true).map_err(io)?;
+        let finished = Arc::new(Finished {
+            results: Mutex::new(Vec::new()),
+            wake,
+        });
         let (tx, rx) = mpsc::channel();
         let pipeline = client.inner.pipeline();
+        let f = finished.clone();
         let thread = std::thread::Builder::new()
             .name("ramgrid-aio".into())
-            .spawn(move || serve(pipeline, rx, depth))
-            .map_err(|e| PyRuntimeError::new_err(format!("cannot start the I/O thread: {e}")))?;
+            .spawn(move || serve(pipeline, rx, depth, &f))
+            .map_err(io)?;
         Ok(AioReader {
             jobs: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
+            finished,
+            woken,
         })
     }
 
-    /// Queues one batch; `done(ok, value)` is called from the I/O thread when it is read. Bad
-    /// keys raise here, as `get_many` raises them.
-    #[pyo3(signature = (table, keys, version, incarnation, done))]
+    /// Queues one batch under `token` (the caller's, handed back by `drain`). Bad keys raise
+    /// here, as `get_many` raises them.
+    #[pyo3(signature = (table, keys, version, incarnation, token))]
     fn submit(
         &self,
         table: &str,
         keys: &Bound<'_, PyAny>,
         version: u32,
         incarnation: u64,
-        done: Py<PyAny>,
+        token: u64,
     ) -> PyResult<()> {
         let job = Job {
             table: table.to_string(),
             keys: owned_keys(keys)?,
             version,
             incarnation,
-            done,
+            token,
         };
         match &*lock(&self.jobs) {
             Some(tx) => tx
@@ -191,6 +231,27 @@ impl AioReader {
                 .map_err(|_| PyRuntimeError::new_err("the async reader's I/O thread has stopped")),
             None => Err(PyRuntimeError::new_err("the async reader is closed")),
         }
+    }
+
+    /// The file descriptor that becomes readable when results are waiting.
+    fn fileno(&self) -> i32 {
+        self.woken.as_raw_fd()
+    }
+
+    /// The results finished so far, in order: `[(token, ok, (values, found) or exception)]`.
+    fn drain<'py>(&self, py: Python<'py>) -> PyResult<Vec<(u64, bool, Bound<'py, PyAny>)>> {
+        let mut sink = [0u8; 64];
+        // Empty the wake-up bytes first: a result pushed after this wakes the loop again.
+        while matches!((&self.woken).read(&mut sink), Ok(n) if n > 0) {}
+        let results = std::mem::take(&mut *lock(&self.finished.results));
+        let mut out = Vec::with_capacity(results.len());
+        for (token, r) in results {
+            out.push(match r.map_err(|e| to_py(py, e)).and_then(|r| result_pair(py, r)) {
+                Ok(pair) => (token, true, pair.into_any()),
+                Err(e) => (token, false, e.into_value(py).into_bound(py).into_any()),
+            });
+        }
+        Ok(out)
     }
 
     /// Stops taking batches, finishes those queued and waits for the I/O thread.
@@ -208,10 +269,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The I/O thread: submit what is queued (up to `depth` in flight; waits for a job when none
-/// is), then finish the oldest batch and call its callback. Ends when the reader is closed or
+/// is), then finish the oldest batch and hand its result over. Ends when the reader is closed or
 /// dropped and nothing is left in flight.
-fn serve(mut p: Pipeline, jobs: mpsc::Receiver<Job>, depth: usize) {
-    let mut waiting: VecDeque<Py<PyAny>> = VecDeque::new();
+fn serve(mut p: Pipeline, jobs: mpsc::Receiver<Job>, depth: usize, finished: &Finished) {
+    let mut waiting: VecDeque<u64> = VecDeque::new();
     loop {
         while waiting.len() < depth {
             let job = if waiting.is_empty() {
@@ -226,19 +287,10 @@ fn serve(mut p: Pipeline, jobs: mpsc::Receiver<Job>, depth: usize) {
                 }
             };
             p.submit(&job.table, job.keys, job.version, job.incarnation);
-            waiting.push_back(job.done);
+            waiting.push_back(job.token);
         }
-        let (Some(result), Some(done)) = (p.next(), waiting.pop_front()) else {
-            continue;
-        };
-        Python::with_gil(|py| {
-            let arg = match result.map_err(|e| to_py(py, e)).and_then(|r| result_pair(py, r)) {
-                Ok(pair) => (true, pair.into_any()),
-                Err(e) => (false, e.into_value(py).into_bound(py).into_any()),
-            };
-            if let Err(e) = done.call1(py, arg) {
-                e.write_unraisable(py, None);
-            }
-        });
+        if let (Some(result), Some(token)) = (p.next(), waiting.pop_front()) {
+            finished.push(token, result);
+        }
     }
 }
