@@ -387,7 +387,12 @@ impl Conn {
     /// unread (pipelining, `pipeline.rs`). Whatever arrives while the frame is written is read into
     /// the buffer: the server stops reading requests while its replies cannot be sent, so a client
     /// that only wrote would wait on a server that waits on it.
-    pub(crate) fn send_more(&mut self, server: &str, frame: &[u8], deadline: Instant) -> Result<()> {
+    pub(crate) fn send_more(
+        &mut self,
+        server: &str,
+        frame: &[u8],
+        deadline: Instant,
+    ) -> Result<()> {
         // The reply handed out last has been used (its borrow ended): drop its bytes.
         self.rbuf.drain(..self.consumed);
         self.consumed = 0;

@@ -49,7 +49,16 @@ struct Lane {
     pool: Arc<Pool>,
     conn: Conn,
     waiting: VecDeque<u64>,
+    /// Frames encoded and not yet written (see [`CORK`]).
+    out: Vec<u8>,
+    /// The earliest deadline of the frames in `out`.
+    out_deadline: Option<Instant>,
 }
+
+/// Frames for a lane are held until the caller waits for a reply ([`Pipeline::next`]) or this
+/// many bytes are pending, then written together: the server then reads several frames at once
+/// and answers them with one write, which is most of what pipelining saves it.
+const CORK: usize = 64 * 1024;
 
 /// One frame of a batch: where it went and what it asked.
 struct Frame {
@@ -133,6 +142,7 @@ impl Pipeline {
     /// The result of the oldest batch not yet handed back (`None` when there is none).
     pub fn next(&mut self) -> Option<Result<GetResult>> {
         let batch = self.batches.pop_front()?;
+        self.write_all_out();
         let got = match &batch.sent {
             Some(sent) => self.collect(&batch, sent),
             None => None,
@@ -198,12 +208,11 @@ impl Pipeline {
             frames: Vec::new(),
             complete: true,
         };
-        let mut buf = Vec::new();
         for s in per_server.busy() {
             let Some((serial, id, deadline)) =
-                self.send_frame(&topo.pools[s], batch, &sent, per_server.row(s), map.epoch(), &mut buf)
+                self.send_frame(&topo.pools[s], batch, &sent, per_server.row(s), map.epoch())
             else {
-                // The frames already written are still read back (the lanes stay in step); the
+                // The frames already queued are still read back (the lanes stay in step); the
                 // batch is redone.
                 sent.complete = false;
                 break;
@@ -218,9 +227,10 @@ impl Pipeline {
         Some(sent)
     }
 
-    /// Writes one GET frame for `parts` of the batch on the lane to `pool`'s server. Returns the
-    /// lane's serial, the request id and the reply's deadline; `None` if it could not be written
-    /// (a lane that failed is dropped with the frames waiting on it).
+    /// Queues one GET frame for `parts` of the batch on the lane to `pool`'s server (written
+    /// at once past [`CORK`] bytes). Returns the lane's serial, the request id and the reply's
+    /// deadline; `None` if it could not be encoded or written (a lane that failed is dropped with
+    /// the frames waiting on it).
     fn send_frame(
         &mut self,
         pool: &Arc<Pool>,
@@ -228,15 +238,21 @@ impl Pipeline {
         sent: &Sent,
         parts: &[u32],
         epoch: u64,
-        buf: &mut Vec<u8>,
     ) -> Option<(u64, u64, Instant)> {
         let keys = batch.keys.keys();
-        let lane = self.lane(pool).ok()?;
-        let lane = &mut self.lanes[lane];
+        let li = self.lane(pool).ok()?;
+        let lane = &mut self.lanes[li];
         let id = lane.conn.next_request_id();
-        buf.clear();
-        let mut w =
-            KeyBatchWriter::begin(buf, Opcode::Get, id, &batch.table, batch.version, epoch).ok()?;
+        // A writer dropped before `finish` (an encoding error) removes its partial frame.
+        let mut w = KeyBatchWriter::begin(
+            &mut lane.out,
+            Opcode::Get,
+            id,
+            &batch.table,
+            batch.version,
+            epoch,
+        )
+        .ok()?;
         w.set_incarnation(sent.meta.incarnation);
         for &p in parts {
             let ks = sent
@@ -248,13 +264,41 @@ impl Pipeline {
         }
         w.finish().ok()?;
         let deadline = deadline::after(self.client.inner.settings.timeout);
-        if lane.conn.send_more(&lane.pool.addr, buf, deadline).is_err() {
-            let serial = lane.serial;
-            self.drop_lane(serial);
+        lane.out_deadline.get_or_insert(deadline);
+        lane.waiting.push_back(id);
+        let serial = lane.serial;
+        if lane.out.len() >= CORK && !self.write_out(li) {
             return None;
         }
-        lane.waiting.push_back(id);
-        Some((lane.serial, id, deadline))
+        Some((serial, id, deadline))
+    }
+
+    /// Writes lane `li`'s queued frames; false (and the lane dropped) if that failed.
+    fn write_out(&mut self, li: usize) -> bool {
+        let lane = &mut self.lanes[li];
+        if lane.out.is_empty() {
+            return true;
+        }
+        let deadline = lane.out_deadline.take().unwrap_or_else(Instant::now);
+        let ok = lane
+            .conn
+            .send_more(&lane.pool.addr, &lane.out, deadline)
+            .is_ok();
+        lane.out.clear();
+        if !ok {
+            self.lanes.remove(li);
+        }
+        ok
+    }
+
+    /// Writes every lane's queued frames (before waiting for a reply).
+    fn write_all_out(&mut self) {
+        let mut li = 0;
+        while li < self.lanes.len() {
+            if self.write_out(li) {
+                li += 1;
+            }
+        }
     }
 
     /// The index of the lane to `pool`'s server, opened (or taken from the pool) if there is none.
@@ -268,6 +312,8 @@ impl Pipeline {
             pool: pool.clone(),
             conn,
             waiting: VecDeque::new(),
+            out: Vec::new(),
+            out_deadline: None,
         });
         self.next_serial += 1;
         Ok(self.lanes.len() - 1)
@@ -395,11 +441,16 @@ pub fn get_pipelined<'k, E>(
 ) -> std::result::Result<(), E> {
     let mut p = client.pipeline();
     let mut done = 0;
+    let depth = depth.max(1);
     for keys in batches {
-        if p.in_flight() >= depth.max(1) {
-            let r = p.next().expect("a batch in flight");
-            each(done, r)?;
-            done += 1;
+        if p.in_flight() >= depth {
+            // Take results until half the batches are left, then queue the next ones together
+            // (they go out in one write per server: see [`CORK`]).
+            while p.in_flight() > depth / 2 {
+                let r = p.next().expect("a batch in flight");
+                each(done, r)?;
+                done += 1;
+            }
         }
         p.submit(table, OwnedKeys::copy_of(keys), version, 0);
     }

@@ -61,8 +61,8 @@ impl Client {
     /// 3. otherwise (`ack = one` or `majority`) a replica may lag behind a write this client has
     ///    seen acknowledged, so reads go to the primary first, as before, and read your writes.
     pub(crate) fn read_pick(&self, table: &str, version: u32) -> Pick {
-        let same_everywhere = self.inner.ack == Ack::All
-            || (version != 0 && self.version_sealed(table, version));
+        let same_everywhere =
+            self.inner.ack == Ack::All || (version != 0 && self.version_sealed(table, version));
         if same_everywhere {
             Pick::Spread(READ_SEED.fetch_add(1, Ordering::Relaxed))
         } else {

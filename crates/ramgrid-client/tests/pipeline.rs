@@ -130,7 +130,10 @@ fn a_server_killed_with_batches_in_flight_fails_over_exactly() {
     for b in &work {
         check(&model, b, &p.next().unwrap().unwrap());
     }
-    assert!(p.redone() < work.len() as u64, "lanes to the live servers work");
+    assert!(
+        p.redone() < work.len() as u64,
+        "lanes to the live servers work"
+    );
 }
 
 #[test]
@@ -153,7 +156,9 @@ fn bad_input_fails_its_batch_only_with_the_plain_error() {
     let e = p.next().unwrap().expect_err("bad offsets");
     assert_eq!(e.to_string(), plain.to_string());
     let e = p.next().unwrap().expect_err("no such table");
-    let plain = c.get("nope", Keys::I64(&[1]), 0).expect_err("no such table");
+    let plain = c
+        .get("nope", Keys::I64(&[1]), 0)
+        .expect_err("no such table");
     assert_eq!(e.kind(), plain.kind());
     check(&model, &[3], &p.next().unwrap().unwrap());
     assert!(p.next().is_none());
@@ -189,7 +194,10 @@ fn reads_spread_over_replicas_when_every_replica_holds_the_data() {
     }
     let served = [gets(&c, 0) - before[0], gets(&c, 1) - before[1]];
     assert_eq!(served[0] + served[1], 120);
-    assert!(served[0] > 0 && served[1] > 0, "ack = all spreads: {served:?}");
+    assert!(
+        served[0] > 0 && served[1] > 0,
+        "ack = all spreads: {served:?}"
+    );
 
     // With ack = one a replica may lag behind this client's writes: reads stay on the primary.
     let mut config = cluster.config();
@@ -197,7 +205,11 @@ fn reads_spread_over_replicas_when_every_replica_holds_the_data() {
     let one = Client::new(config).unwrap();
     let before = [gets(&one, 0), gets(&one, 1)];
     for _ in 0..40 {
-        check(&model, &[1, 2], &one.get("t", Keys::I64(&[1, 2]), 0).unwrap());
+        check(
+            &model,
+            &[1, 2],
+            &one.get("t", Keys::I64(&[1, 2]), 0).unwrap(),
+        );
     }
     let served = [gets(&one, 0) - before[0], gets(&one, 1) - before[1]];
     assert!(served.contains(&0) && served.contains(&80), "{served:?}");

@@ -99,7 +99,10 @@ impl PipelinedGets {
     }
 
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        while self.pipeline.in_flight() < self.depth {
+        // Refill once half the batches are taken, so the new ones go out together (one write
+        // per server, which the server reads and answers at once).
+        let refill = self.pipeline.in_flight() <= self.depth / 2;
+        while refill && self.pipeline.in_flight() < self.depth {
             let Some(source) = &self.source else { break };
             let item = source.bind(py).clone().next();
             match item.map(|k| k.and_then(|k| owned_keys(&k))) {
@@ -184,7 +187,9 @@ impl AioReader {
         if depth == 0 {
             return Err(PyValueError::new_err("depth must be at least 1"));
         }
-        let io = |e: std::io::Error| PyRuntimeError::new_err(format!("cannot start the async reader: {e}"));
+        let io = |e: std::io::Error| {
+            PyRuntimeError::new_err(format!("cannot start the async reader: {e}"))
+        };
         let (woken, wake) = UnixStream::pair().map_err(io)?;
         woken.set_nonblocking(true).map_err(io)?;
         wake.set_nonblocking(true).map_err(io)?;
@@ -246,10 +251,12 @@ impl AioReader {
         let results = std::mem::take(&mut *lock(&self.finished.results));
         let mut out = Vec::with_capacity(results.len());
         for (token, r) in results {
-            out.push(match r.map_err(|e| to_py(py, e)).and_then(|r| result_pair(py, r)) {
-                Ok(pair) => (token, true, pair.into_any()),
-                Err(e) => (token, false, e.into_value(py).into_bound(py).into_any()),
-            });
+            out.push(
+                match r.map_err(|e| to_py(py, e)).and_then(|r| result_pair(py, r)) {
+                    Ok(pair) => (token, true, pair.into_any()),
+                    Err(e) => (token, false, e.into_value(py).into_bound(py).into_any()),
+                },
+            );
         }
         Ok(out)
     }
