@@ -1,7 +1,7 @@
 //! Pipelined reads: many GET batches in flight at once on one connection per server.
 //!
 //! A [`Pipeline`] takes batches ([`Pipeline::submit`]) and hands back their results in the order
-//! they were submitted ([`Pipeline::next`]). Submitting a batch groups its keys by partition,
+//! they were submitted ([`Pipeline::next_result`]). Submitting a batch groups its keys by partition,
 //! picks a replica for each partition by the read rule (`round.rs`, [`Client::read_pick`]) and
 //! writes one GET frame per server at once, on that server's *lane*: one connection the pipeline
 //! keeps for its life, on which any number of frames may wait for their replies. The caller
@@ -55,7 +55,7 @@ struct Lane {
     out_deadline: Option<Instant>,
 }
 
-/// Frames for a lane are held until the caller waits for a reply ([`Pipeline::next`]) or this
+/// Frames for a lane are held until the caller waits for a reply ([`Pipeline::next_result`]) or this
 /// many bytes are pending, then written together: the server then reads several frames at once
 /// and answers them with one write, which is most of what pipelining saves it.
 const CORK: usize = 64 * 1024;
@@ -115,7 +115,7 @@ impl Client {
 impl Pipeline {
     /// Sends one batch: `keys` of `table` at `version` (0 = current) of `incarnation` (0 =
     /// whichever exists), as [`Client::get_into_of`] reads them. Never fails: a batch that cannot
-    /// be sent now is read by [`Pipeline::next`] through the unpipelined path, which reports its
+    /// be sent now is read by [`Pipeline::next_result`] through the unpipelined path, which reports its
     /// error (bad input included) in its turn.
     pub fn submit(&mut self, table: &str, keys: OwnedKeys, version: u32, incarnation: u64) {
         let mut batch = Batch {
@@ -139,8 +139,9 @@ impl Pipeline {
         self.redone
     }
 
-    /// The result of the oldest batch not yet handed back (`None` when there is none).
-    pub fn next(&mut self) -> Option<Result<GetResult>> {
+    /// The result of the oldest batch not yet handed back (`None` when there is none); also the
+    /// pipeline's `Iterator::next`.
+    pub fn next_result(&mut self) -> Option<Result<GetResult>> {
         let batch = self.batches.pop_front()?;
         self.write_all_out();
         let got = match &batch.sent {
@@ -390,6 +391,9 @@ impl Pipeline {
     /// Reads the batch through the unpipelined path (invariant 2).
     fn redo(&self, batch: &Batch) -> Result<GetResult> {
         let keys = batch.keys.keys();
+        if batch.incarnation == 0 {
+            return self.client.get(&batch.table, keys, batch.version);
+        }
         let meta = self.client.table_meta(&batch.table)?;
         let n = keys.len();
         let mut values = Values::zeroed(meta.value_type, n);
@@ -425,7 +429,7 @@ impl Drop for Pipeline {
 impl Iterator for Pipeline {
     type Item = Result<GetResult>;
     fn next(&mut self) -> Option<Result<GetResult>> {
-        Pipeline::next(self)
+        self.next_result()
     }
 }
 
@@ -447,14 +451,14 @@ pub fn get_pipelined<'k, E>(
             // Take results until half the batches are left, then queue the next ones together
             // (they go out in one write per server: see [`CORK`]).
             while p.in_flight() > depth / 2 {
-                let r = p.next().expect("a batch in flight");
+                let r = p.next_result().expect("a batch in flight");
                 each(done, r)?;
                 done += 1;
             }
         }
         p.submit(table, OwnedKeys::copy_of(keys), version, 0);
     }
-    while let Some(r) = p.next() {
+    for r in p {
         each(done, r)?;
         done += 1;
     }

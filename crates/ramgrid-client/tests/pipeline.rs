@@ -114,12 +114,12 @@ fn a_server_killed_with_batches_in_flight_fails_over_exactly() {
     for (i, b) in work[40..].iter().enumerate() {
         p.submit("t", OwnedKeys::I64(b.clone()), 0, 0);
         if i % 4 == 3 {
-            while let Some(r) = p.next() {
+            for r in p.by_ref() {
                 let _ = r.expect("batch");
             }
         }
     }
-    while let Some(r) = p.next() {
+    for r in p.by_ref() {
         let _ = r.expect("batch");
     }
     // Every result is exact (read again in order to compare).
@@ -189,7 +189,7 @@ fn reads_spread_over_replicas_when_every_replica_holds_the_data() {
     for _ in 0..40 {
         p.submit("t", OwnedKeys::I64(vec![3]), 0, 0);
     }
-    while let Some(r) = p.next() {
+    for r in p.by_ref() {
         check(&model, &[3], &r.unwrap());
     }
     let served = [gets(&c, 0) - before[0], gets(&c, 1) - before[1]];
