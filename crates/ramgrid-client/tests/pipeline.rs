@@ -193,9 +193,10 @@ fn reads_spread_over_replicas_when_every_replica_holds_the_data() {
         check(&model, &[3], &r.unwrap());
     }
     let served = [gets(&c, 0) - before[0], gets(&c, 1) - before[1]];
-    assert_eq!(served[0] + served[1], 120);
+    // A hedged read (a late reply on a busy machine) asks both replicas: at least 120 keys.
+    assert!(served[0] + served[1] >= 120, "{served:?}");
     assert!(
-        served[0] > 0 && served[1] > 0,
+        served[0].min(served[1]) >= 30,
         "ack = all spreads: {served:?}"
     );
 
@@ -212,5 +213,6 @@ fn reads_spread_over_replicas_when_every_replica_holds_the_data() {
         );
     }
     let served = [gets(&one, 0) - before[0], gets(&one, 1) - before[1]];
-    assert!(served.contains(&0) && served.contains(&80), "{served:?}");
+    // The primary answers every read (a hedge may ask the other replica too).
+    assert!(served.iter().any(|&s| s >= 80), "{served:?}");
 }
