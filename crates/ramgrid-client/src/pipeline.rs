@@ -5,7 +5,7 @@
 //! picks a replica for each partition by the read rule (`round.rs`, `Client::read_pick`) and
 //! queues one GET frame per server on that server's *lane*: one connection the pipeline keeps for
 //! its life, on which any number of frames may wait for their replies. Queued frames are written
-//! together when the caller waits for a reply ([`CORK`]). The caller
+//! together when the caller waits for a reply (`CORK`). The caller
 //! decides how many batches are in flight (it calls `next` when it has enough); a thread issuing
 //! small batches is then bound by the servers' throughput, not by one round trip per batch.
 //!
