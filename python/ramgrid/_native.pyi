@@ -10,7 +10,7 @@ or a packed form `(offsets, data)` where offsets is a numpy int64 array of n+1 o
 Int keys given in a list are encoded like int64 array keys, so `[1, 2]` and `np.array([1, 2])` address the same items.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeAlias, final
 
 import numpy as np
@@ -143,6 +143,33 @@ class ScanIter:
     restarts: int
     def __iter__(self) -> ScanIter: ...
     def __next__(self) -> tuple[int, npt.NDArray[np.int64], npt.NDArray[np.uint8], Any]: ...
+    def close(self) -> None: ...
+
+@final
+class PipelinedGets:
+    """`(values, found)` per key batch, in order, with up to `depth` batches in flight (pipeline.rs)."""
+
+    redone: int
+    def __iter__(self) -> PipelinedGets: ...
+    def __next__(self) -> tuple[Any, npt.NDArray[np.bool_]]: ...
+
+def get_many_pipelined(
+    client: Client,
+    table: str,
+    batches: Iterator[Any],
+    depth: int = 8,
+    version: int = 0,
+    incarnation: int = 0,
+) -> PipelinedGets: ...
+
+@final
+class AioReader:
+    """One I/O thread keeping asyncio batches in flight; the loop watches `fileno()` and calls `drain()`."""
+
+    def __new__(cls, client: Client, depth: int = 32) -> AioReader: ...
+    def submit(self, table: str, keys: Any, version: int, incarnation: int, token: int) -> None: ...
+    def fileno(self) -> int: ...
+    def drain(self) -> list[tuple[int, bool, Any]]: ...  # (token, ok, (values, found) or exception)
     def close(self) -> None: ...
 
 def scan(

@@ -21,6 +21,7 @@ import numpy as np
 from ramgrid._keys import NativeKeys, convert_keys, convert_values, fit_values, key_count
 from ramgrid._metrics import table_figures
 from ramgrid._types import ValueTypeLike, parse_value_type
+from ramgrid.aio import _PipelinedReads
 from ramgrid.config import SpecLike, parse_spec
 from ramgrid.exceptions import KeysNotFound, RamgridError
 from ramgrid.ops import _Operators
@@ -364,7 +365,7 @@ def _first_missing_key(keys: NativeKeys, found: np.ndarray) -> tuple[list[int], 
     return idx, int(missing.size), key
 
 
-class _Reader:
+class _Reader(_PipelinedReads):
     """Read methods shared by Table, PinnedTable and VersionWriter; `_read_version` 0 means the current version."""
 
     _grid: Grid
@@ -390,6 +391,10 @@ class _Reader:
         """
         k = convert_keys(keys)
         values, found = self._client().get_many(self.name, k, self._read_version, self._read_incarnation)
+        return self._finish_get(k, values, found, default)
+
+    def _finish_get(self, k: Any, values: Any, found: np.ndarray, default: Any) -> Any:
+        """`get_many`'s result from the native `(values, found)` of converted keys `k`."""
         if found.all():
             return values
         if default is RAISE:

@@ -2,6 +2,7 @@
 //! maps errors to Python exceptions. Every policy lives in ramgrid-client or in the Python package;
 //! the contract is `python/ramgrid/_native.pyi`.
 
+mod aio;
 mod errors;
 mod ops;
 mod reduce;
@@ -723,6 +724,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(partition_of, m)?)?;
     m.add_function(wrap_pyfunction!(ops::run_op, m)?)?;
     m.add_class::<scan::ScanIter>()?;
+    m.add_class::<aio::PipelinedGets>()?;
+    m.add_class::<aio::AioReader>()?;
+    m.add_function(wrap_pyfunction!(aio::get_many_pipelined, m)?)?;
     m.add_function(wrap_pyfunction!(scan::scan, m)?)?;
     m.add_function(wrap_pyfunction!(scan::top_k, m)?)?;
     m.add_function(wrap_pyfunction!(reduce::lookup_reduce, m)?)?;
