@@ -21,7 +21,7 @@ setup: $(VENV)/.ok ## Install what the build and tests need (memcached, Rust com
 $(VENV)/.ok: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q maturin pytest pytest-timeout pymemcache hypothesis numpy xxhash pyarrow "dask[distributed]" matplotlib wordfreq tqdm pandas ruff atheris prometheus-client scipy scikit-learn
+	$(PIP) install -q maturin pytest pytest-timeout pymemcache hypothesis numpy xxhash pyarrow "dask[distributed]" matplotlib wordfreq tqdm pandas ruff mypy atheris prometheus-client scipy scikit-learn
 	@touch $@
 
 develop: setup ## Build the Python package's native module (release) into the venv
@@ -46,6 +46,14 @@ lint: setup ## rustfmt, clippy -D warnings, ruff (check and format)
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(VENV)/bin/ruff check python examples benchmarks tests
 	$(VENV)/bin/ruff format --check python examples benchmarks tests
+	$(MAKE) --no-print-directory typecheck
+
+typecheck: setup ## mypy over python/ramgrid (pyproject.toml); stubtest of _native.pyi against the built module
+	$(VENV)/bin/mypy
+	@if $(PY) -c 'import ramgrid._native' 2>/dev/null; then \
+	  $(PY) -m mypy.stubtest ramgrid._native --mypy-config-file pyproject.toml \
+	    --allowlist python/ramgrid/_native.stubtest-allowlist; \
+	else echo "typecheck: ramgrid._native is not built (make develop): stub not compared with it"; fi
 
 bench: setup build ## Full benchmark vs memcached (1M keys, several rounds); records to benchmarks/results/
 	$(PY) benchmarks/memcached_compare.py --out benchmarks/results/memcached_compare.md
@@ -75,4 +83,4 @@ fuzz: develop ## Short libFuzzer run of every parser target (FUZZ_SECONDS each; 
 clean: ## Remove build outputs and the venv
 	$(CARGO) clean; rm -rf $(VENV)
 
-.PHONY: help setup develop build demo compare test lint bench fuzz soak chaos clean
+.PHONY: help setup develop build demo compare test lint typecheck bench fuzz soak chaos clean

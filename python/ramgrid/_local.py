@@ -20,11 +20,14 @@ import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ramgrid.exceptions import RamgridError, ServerStartError
 from ramgrid.grid import Grid, GridConfig, client_for, release_client
 from ramgrid.tls import TLS
+
+if TYPE_CHECKING:
+    from ramgrid._native import Client
 
 __all__ = ["LocalGrid", "ServerProcess", "local", "start_servers", "stop_processes"]
 
@@ -277,7 +280,7 @@ class LocalGrid(Grid):
     def closed(self) -> bool:
         return not self._finalizer.alive
 
-    def _client(self) -> Any:
+    def _client(self) -> Client:
         self._check_open()
         return client_for(self._config)
 

@@ -1,7 +1,7 @@
 """Type stubs for ramgrid._native, the PyO3 module (crates/ramgrid-py).
 
 CONTRACT between the binding (crates/ramgrid-py) and the Python package (python/ramgrid). The binding only
-converts types, releases the GIL and maps errors; every policy lives in the Rust client (crates/ramgrid-client)
+converts types, releases the GIL and maps errors (to the classes of ramgrid.exceptions); every policy lives in the Rust client (crates/ramgrid-client)
 or in the Python package.
 
 Keys: a list of str (UTF-8) / bytes, a 1-D numpy int64 array (each key is its 8-byte little-endian encoding),
@@ -10,17 +10,18 @@ or a packed form `(offsets, data)` where offsets is a numpy int64 array of n+1 o
 Int keys given in a list are encoded like int64 array keys, so `[1, 2]` and `np.array([1, 2])` address the same items.
 """
 
-from collections.abc import Sequence
-from typing import Any, TypeAlias
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeAlias, final
 
 import numpy as np
 import numpy.typing as npt
 
 KeysLike: TypeAlias = Sequence[str | bytes | int] | npt.NDArray[np.int64] | tuple[npt.NDArray[np.int64], bytes]
 
+@final
 class Client:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         servers: list[str],
         token: str | None = None,
         timeout_ms: int = 5000,
@@ -29,7 +30,7 @@ class Client:
         near_cache_bytes: int = 0,  # near cache for pinned (sealed) versions; 0 = off
         pool_size: int = 4,  # idle connections kept per server
         call_timeout_ms: int = 30000,  # limit for a whole call, retries and failovers included
-    ) -> None: ...
+    ) -> Client: ...
     def servers(self) -> list[str]: ...
     def epoch(self) -> int: ...
     def refresh_spec(self) -> None: ...
@@ -60,6 +61,9 @@ class Client:
         """Makes a sealed version current on every server."""
     def drop_version(self, table: str, version: int) -> None: ...
     def current_version(self, table: str) -> int: ...
+    def partition_owners(self, table: str) -> list[list[str]]:
+        """For each partition of the table, its replicas' server addresses, primary first, under the spec this
+        client routes by (what a job needs to run a partition's work next to its data)."""
     def value_type(self, table: str) -> tuple[str, int]:
         """(value type name, dim): dim is 0 unless "f32vec". Cached by the client after the first call."""
     # data (version 0 = current; a non-zero version pins)
@@ -95,6 +99,10 @@ def run_server(args: list[str]) -> None:
     prints its 'ramgrid-server listening on ADDR' line and blocks until SIGTERM/SIGINT."""
 
 def partition_of(key: str | bytes | int, partitions: int) -> int: ...
+def error_classes() -> list[tuple[str, str]]:
+    """(Rust client error kind, name of the exception raised for it) for every kind: a class of ramgrid.exceptions,
+    or "ValueError" for bad arguments. The exception classes themselves are defined in ramgrid.exceptions."""
+
 def run_op(
     client: Client,
     table: str,
@@ -126,33 +134,42 @@ def lookup_reduce(
     record. Returns (values, misses per record, tokens per record, version read, distinct tokens, tokens dropped
     for being longer than 100 characters). Texts are split as python/ramgrid/lm/corpus.py does."""
 
-# Exceptions (all subclasses of RamgridError); python/ramgrid/exceptions.py re-exports them.
-class RamgridError(Exception): ...
-class ConnectionFailed(RamgridError): ...
-class ServerRefused(ConnectionFailed): ...
-class Timeout(RamgridError): ...
-class AuthError(RamgridError): ...
-class ProtocolError(RamgridError): ...
-class TableNotFound(RamgridError): ...
-class TableExists(RamgridError): ...
-class VersionNotFound(RamgridError): ...
-class VersionSealed(RamgridError): ...
-class OutOfMemory(RamgridError): ...
-
-class PartitionsUnavailable(RamgridError):
-    partitions: list[int]  # partitions none of whose replicas answered
-
-class BatchError(RamgridError):
-    failures: list[tuple[int, str]]  # (index in the batch, reason) for each refused key
-
 # Scans, filters and top_k (crates/ramgrid-py/src/scan.rs; the Python API is python/ramgrid/scan.py).
 # A chunk is (partition, key_offsets int64[n+1], key_data uint8[], values): values a numpy array for numeric
 # tables (float32 (n, dim) for vectors), or (offsets int64[n+1], data uint8[]) for bytes tables.
+@final
 class ScanIter:
     version: int
     restarts: int
     def __iter__(self) -> ScanIter: ...
     def __next__(self) -> tuple[int, npt.NDArray[np.int64], npt.NDArray[np.uint8], Any]: ...
+    def close(self) -> None: ...
+
+@final
+class PipelinedGets:
+    """`(values, found)` per key batch, in order, with up to `depth` batches in flight (pipeline.rs)."""
+
+    redone: int
+    def __iter__(self) -> PipelinedGets: ...
+    def __next__(self) -> tuple[Any, npt.NDArray[np.bool_]]: ...
+
+def get_many_pipelined(
+    client: Client,
+    table: str,
+    batches: Iterator[Any],
+    depth: int = 8,
+    version: int = 0,
+    incarnation: int = 0,
+) -> PipelinedGets: ...
+
+@final
+class AioReader:
+    """One I/O thread keeping asyncio batches in flight; the loop watches `fileno()` and calls `drain()`."""
+
+    def __new__(cls, client: Client, depth: int = 32) -> AioReader: ...
+    def submit(self, table: str, keys: Any, version: int, incarnation: int, token: int) -> None: ...
+    def fileno(self) -> int: ...
+    def drain(self) -> list[tuple[int, bool, Any]]: ...  # (token, ok, (values, found) or exception)
     def close(self) -> None: ...
 
 def scan(

@@ -36,10 +36,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         threading.Thread(target=_watch_parent, args=(int(parent),), name="ramgrid-parent-watch", daemon=True).start()
     from ramgrid import _native
+    from ramgrid.exceptions import RamgridError
 
     try:
         _native.run_server(args)
-    except (ValueError, OSError, _native.RamgridError) as e:
+    except (ValueError, OSError, RamgridError) as e:
         print(f"ramgrid-server: {e}", file=sys.stderr)
         return 1
     return 0

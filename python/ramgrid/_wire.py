@@ -93,13 +93,13 @@ class _Reader:
         return self.take(1, what)[0]
 
     def u16(self, what: str) -> int:
-        return struct.unpack("<H", self.take(2, what))[0]
+        return int(struct.unpack("<H", self.take(2, what))[0])
 
     def u32(self, what: str) -> int:
-        return struct.unpack("<I", self.take(4, what))[0]
+        return int(struct.unpack("<I", self.take(4, what))[0])
 
     def u64(self, what: str) -> int:
-        return struct.unpack("<Q", self.take(8, what))[0]
+        return int(struct.unpack("<Q", self.take(8, what))[0])
 
     def bytes16(self, what: str) -> bytes:
         return self.take(self.u16(what), what)
@@ -164,7 +164,8 @@ def _vt(vt: dict) -> bytes:
 
 
 def _width(vt: dict) -> int | None:
-    return {"bytes": None, "i64": 8, "f64": 8, "f32vec": 4 * vt["dim"]}[vt["kind"]]
+    widths: dict[str, int | None] = {"bytes": None, "i64": 8, "f64": 8, "f32vec": 4 * int(vt["dim"])}
+    return widths[vt["kind"]]
 
 
 def _value_bytes(vt: dict, v: Any) -> bytes:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ramgrid._types import parse_value_type, spell_value_type
 from ramgrid.config import ENV_SPEC, default_state_dir, resolve_settings
 from ramgrid.exceptions import RamgridError
 
@@ -405,11 +406,11 @@ def cmd_cluster_move(args: argparse.Namespace) -> int:
 def cmd_table(args: argparse.Namespace) -> int:
     grid = _grid(args)
     if args.action == "create":
-        vt: Any = args.value_type
+        vt = str(args.value_type)
         if vt.startswith("f32vec"):
             try:
-                vt = ("f32vec", int(vt.split(":", 1)[1]))
-            except (IndexError, ValueError):
+                parse_value_type(vt)
+            except ValueError:
                 raise CliError("vector tables are --type f32vec:DIM, e.g. f32vec:64") from None
         try:
             grid.create_table(args.name, partitions=args.partitions, replication=args.replication, value_type=vt)
@@ -421,9 +422,9 @@ def cmd_table(args: argparse.Namespace) -> int:
         print(f"dropped table {args.name}")
     elif args.action == "list":
         for t in sorted(grid.list_tables(), key=lambda t: str(t.get("name"))):
-            dim = f":{t['dim']}" if t.get("value_type") == "f32vec" else ""
+            vt = spell_value_type(str(t.get("value_type")), int(t.get("dim") or 0))
             print(
-                f"{t.get('name')}\t{t.get('value_type')}{dim}\tpartitions={t.get('partitions')}"
+                f"{t.get('name')}\t{vt}\tpartitions={t.get('partitions')}"
                 f"\treplication={t.get('replication')}\tcurrent_version={t.get('current_version')}"
             )
     elif args.action == "describe":

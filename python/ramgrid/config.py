@@ -63,7 +63,8 @@ def _check_list(addrs: Sequence[str], origin: str) -> list[str]:
 
 
 def read_spec_file(path: str | os.PathLike[str]) -> list[str]:
-    """Reads a spec file: one `host:port` per line, in order; blank lines and `#` comments are ignored."""
+    """Reads a spec file: one `host:port` per line, in order; blank lines and `#` comments are ignored. A line may
+    also read `server host:port` (the servers' canonical form, so one file serves servers and clients)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -74,6 +75,13 @@ def read_spec_file(path: str | os.PathLike[str]) -> list[str]:
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
+        words = line.split()
+        if words[0] in ("next", "token"):
+            raise ValueError(
+                f"{p}:{lineno}: a {words[0]!r} line is for servers' specs: a client's spec file lists the servers only"
+            )
+        if words[0] == "server" and len(words) == 2:
+            line = words[1]
         try:
             addrs.append(parse_address(line))
         except ValueError as e:

@@ -43,7 +43,8 @@ def load_skin(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 def standardize(x: np.ndarray) -> np.ndarray:
     """Zero mean, unit variance per column (constant columns stay 0)."""
     sd = x.std(axis=0)
-    return (x - x.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+    out: np.ndarray = (x - x.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+    return out
 
 
 def synthetic_classification(n: int, d: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

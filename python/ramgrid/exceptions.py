@@ -1,86 +1,78 @@
 """Every exception ramgrid raises, rooted at `RamgridError`.
 
-The classes for grid failures are defined in the native module (the binding maps Rust client errors to them) and
-re-exported here; the ones that only the Python layer raises are defined below. When the native module is not
-built, stand-ins with the same names and hierarchy are defined so that `ramgrid` can still be imported (for
-`--help`, config checks and pure-Python tests); nothing can raise them then except the Python layer.
+This module is the one definition of ramgrid's exception classes. The native module raises the grid failures below
+by importing them from here (crates/ramgrid-py/src/errors.rs maps each Rust client error kind to one of them), so
+they exist, and can be caught, whether or not the binding is built.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-try:
-    from ramgrid._native import (
-        AuthError,
-        BatchError,
-        ConnectionFailed,
-        OutOfMemory,
-        PartitionsUnavailable,
-        ProtocolError,
-        RamgridError,
-        ServerRefused,
-        TableExists,
-        TableNotFound,
-        Timeout,
-        VersionNotFound,
-        VersionSealed,
-    )
 
-    NATIVE_EXCEPTIONS = True
-except ImportError:  # the binding is not built: same names, same hierarchy
-    NATIVE_EXCEPTIONS = False
+class RamgridError(Exception):
+    """Base class of every ramgrid error."""
 
-    class RamgridError(Exception):  # type: ignore[no-redef]
-        """Base class of every ramgrid error."""
 
-    class ConnectionFailed(RamgridError):  # type: ignore[no-redef]
-        """A server could not be reached."""
+class ConnectionFailed(RamgridError):
+    """A server could not be reached, or the connection broke."""
 
-    class ServerRefused(ConnectionFailed):  # type: ignore[no-redef]
-        """A server turned the connection away (e.g. too many open connections); the message says why."""
 
-    class Timeout(RamgridError):  # type: ignore[no-redef]
-        """A request got no answer in time."""
+class ServerRefused(ConnectionFailed):
+    """A server turned the connection away (e.g. it has too many open connections); the message says why."""
 
-    class AuthError(RamgridError):  # type: ignore[no-redef]
-        """The server refused the auth token."""
 
-    class ProtocolError(RamgridError):  # type: ignore[no-redef]
-        """A peer sent bytes that break the protocol."""
+class Timeout(RamgridError):
+    """A request got no answer in time."""
 
-    class TableNotFound(RamgridError):  # type: ignore[no-redef]
-        """No table by that name."""
 
-    class TableExists(RamgridError):  # type: ignore[no-redef]
-        """A table by that name exists already."""
+class AuthError(RamgridError):
+    """The server refused the auth token."""
 
-    class VersionNotFound(RamgridError):  # type: ignore[no-redef]
-        """No such version of the table."""
 
-    class VersionSealed(RamgridError):  # type: ignore[no-redef]
-        """The version is sealed and can no longer be written."""
+class ProtocolError(RamgridError):
+    """A peer sent bytes that break the protocol."""
 
-    class OutOfMemory(RamgridError):  # type: ignore[no-redef]
-        """A server's table memory is full."""
 
-    class PartitionsUnavailable(RamgridError):  # type: ignore[no-redef]
-        """No replica of these partitions answered."""
+class TableNotFound(RamgridError):
+    """No table by that name."""
 
-        partitions: list[int]
 
-        def __init__(self, *args: Any) -> None:
-            super().__init__(*args)
-            self.partitions = []
+class TableExists(RamgridError):
+    """A table by that name exists already."""
 
-    class BatchError(RamgridError):  # type: ignore[no-redef]
-        """Some keys of a batch were refused; the others were applied."""
 
-        failures: list[tuple[int, str]]
+class VersionNotFound(RamgridError):
+    """No such version of the table."""
 
-        def __init__(self, *args: Any) -> None:
-            super().__init__(*args)
-            self.failures = []
+
+class VersionSealed(RamgridError):
+    """The version is sealed and can no longer be written."""
+
+
+class OutOfMemory(RamgridError):
+    """A server's table memory is full."""
+
+
+class PartitionsUnavailable(RamgridError):
+    """No replica of these partitions answered; `partitions` lists them (ascending)."""
+
+    partitions: list[int]
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.partitions = []
+
+
+class BatchError(RamgridError):
+    """Some keys of a batch were refused; the others were applied. `failures` lists (index in the batch, reason)
+    for each refused key, ascending by index."""
+
+    failures: list[tuple[int, str]]
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.failures = []
 
 
 class LoadError(RamgridError, ValueError):
@@ -140,19 +132,10 @@ class _KeysNotFoundBody(Exception):
         return str(self.args[0]) if self.args else ""
 
 
-# KeysNotFound is both a RamgridError and a KeyError, so `except KeyError` works as for a dict. If the native base
-# class has an instance layout that cannot be combined with KeyError's, it is a RamgridError only.
-try:
-
-    class KeysNotFound(_KeysNotFoundBody, RamgridError, KeyError):
-        """Keys asked for without a default were missing. `indices` holds the first positions (up to 20) in the
-        batch, `count` how many were missing in all."""
-
-except TypeError:  # pragma: no cover - depends on how the binding defines RamgridError
-
-    class KeysNotFound(_KeysNotFoundBody, RamgridError):  # type: ignore[no-redef]
-        """Keys asked for without a default were missing. `indices` holds the first positions (up to 20) in the
-        batch, `count` how many were missing in all."""
+class KeysNotFound(_KeysNotFoundBody, RamgridError, KeyError):
+    """Keys asked for without a default were missing (a RamgridError and a KeyError, so `except KeyError` works as
+    for a dict). `indices` holds the first positions (up to 20) in the batch, `count` how many were missing in
+    all."""
 
 
 __all__ = [

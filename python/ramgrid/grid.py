@@ -9,22 +9,30 @@ After a fork the child finds the pid changed and builds its own client; the pare
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import threading
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Union, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ramgrid._keys import NativeKeys, convert_keys, convert_values, fit_values, key_count
 from ramgrid._metrics import table_figures
+from ramgrid._types import ValueTypeLike, parse_value_type
+from ramgrid.aio import _PipelinedReads
 from ramgrid.config import SpecLike, parse_spec
 from ramgrid.exceptions import KeysNotFound, RamgridError
 from ramgrid.ops import _Operators
 from ramgrid.reduce import _Reduce
 from ramgrid.scan import _Scans
 from ramgrid.tls import TLS
+
+# The client's events (tables created and dropped, versions committed, aborted and dropped, servers added and
+# removed) go to this logger at INFO; it has no handler of its own, so they show only where the application
+# configures logging. Per-request detail stays out: a batch is not an event.
+log = logging.getLogger("ramgrid")
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -33,7 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Grid", "GridConfig", "PinnedTable", "Table", "VersionPart", "VersionWriter", "connect", "native"]
 
-ValueType = Union[str, tuple[str, int]]
+ValueType = ValueTypeLike
 _ACKS = ("all", "majority", "one")
 
 
@@ -137,7 +145,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_inherited_clients)
 
 
-def client_for(config: GridConfig) -> Any:
+def client_for(config: GridConfig) -> Client:
     """The native client for `config` in this process, created on first use."""
     reg = _registry
     if reg.pid != os.getpid():  # forked by something that bypassed os.register_at_fork hooks
@@ -153,7 +161,7 @@ def client_for(config: GridConfig) -> Any:
     return c
 
 
-def _existing_client(config: GridConfig) -> Any:
+def _existing_client(config: GridConfig) -> Client | None:
     """This process's client for `config` if one was made, else None (creates nothing)."""
     reg = _registry
     if reg.pid != os.getpid():
@@ -170,24 +178,6 @@ def release_client(config: GridConfig) -> None:
         c = reg.clients.pop(config, None)
     if c is not None:
         c.close()
-
-
-def _parse_value_type(value_type: ValueType, dim: int) -> tuple[str, int]:
-    if isinstance(value_type, tuple):
-        if len(value_type) != 2 or value_type[0] != "f32vec":
-            raise ValueError(f"tuple value types are ('f32vec', dim), got {value_type!r}")
-        vt, d = "f32vec", int(value_type[1])
-    else:
-        vt, d = str(value_type), dim
-        if vt.startswith("f32vec:"):
-            vt, d = "f32vec", int(vt.split(":", 1)[1])
-    if vt not in ("bytes", "i64", "f64", "f32vec"):
-        raise ValueError(f"value_type must be 'bytes', 'i64', 'f64' or ('f32vec', dim), got {value_type!r}")
-    if vt == "f32vec" and d <= 0:
-        raise ValueError("an f32vec table needs a dimension > 0: value_type=('f32vec', dim)")
-    if vt != "f32vec":
-        d = 0
-    return vt, d
 
 
 class Grid:
@@ -210,7 +200,7 @@ class Grid:
             return list(c.servers())
         return list(self._config.servers)
 
-    def _client(self) -> Any:
+    def _client(self) -> Client:
         return client_for(self._config)
 
     def __reduce__(self) -> Any:
@@ -260,7 +250,7 @@ class Grid:
         appended to a write-ahead log, fsynced before it is acknowledged, and replayed at restart). Each created table gets a new incarnation id, so a table created
         again under the same name is a different table to every client.
         """
-        vt, d = _parse_value_type(value_type, dim)
+        vt, d = parse_value_type(value_type, dim)
         if partitions < 1 or replication < 1:
             raise ValueError("partitions and replication must be >= 1")
         client = self._client()
@@ -273,6 +263,14 @@ class Grid:
         try:
             client.create_table(
                 name, partitions=partitions, replication=replication, value_type=vt, dim=d, durability=durability
+            )
+            log.info(
+                "created table %s (%d partitions, replication %d, %s, durability %s)",
+                name,
+                partitions,
+                replication,
+                vt if not d else f"{vt}[{d}]",
+                durability,
             )
         except TableExists:
             if not exist_ok:
@@ -290,6 +288,7 @@ class Grid:
     def drop_table(self, name: str) -> None:
         """Drops a table with all its versions."""
         self._client().drop_table(name)
+        log.info("dropped table %s", name)
 
     def stats(self) -> list[dict[str, Any]]:
         """One dict of counters per server, in spec order: the memcached `stats` counters, and under "tables" each
@@ -307,6 +306,14 @@ class Grid:
                 d["tables_error"] = m["error"]
         return out
 
+    def local_servers(self) -> list[str]:
+        """The servers of the cluster that run on this host, in spec order (`ramgrid.hosts`: a server is local
+        when this machine owns its address; `RAMGRID_LOCAL_SERVERS` overrides). On a Dask worker of a cluster
+        with one server per host, this is the worker's own server."""
+        from ramgrid.hosts import local_servers
+
+        return local_servers(self.servers)
+
     def epoch(self) -> int:
         """The partition-map epoch this process's client works under."""
         return int(self._client().epoch())
@@ -323,13 +330,27 @@ class Grid:
         "seconds": float}. Raises ValueError if `addr` is a member already or another move is in progress, and
         the usual connection errors if a server of either end cannot be reached (a move refused at the start is
         undone; one that fails later is resumed by asking for the same move again)."""
-        return dict(self._client().add_server(str(addr)))
+        report = dict(self._client().add_server(str(addr)))
+        log.info(
+            "added server %s: %s partitions copied in %.1f s",
+            addr,
+            report.get("partitions_copied"),
+            report.get("seconds", 0),
+        )
+        return report
 
     def remove_server(self, addr: str) -> dict[str, Any]:
         """Moves every partition off the server at `addr` to the servers that hold it next, then drops `addr` from
         the spec; the server can be stopped afterwards. Returns the move report, as `add_server`. Raises
         ValueError if `addr` is not a member, or is the last one."""
-        return dict(self._client().remove_server(str(addr)))
+        report = dict(self._client().remove_server(str(addr)))
+        log.info(
+            "removed server %s: %s partitions copied in %.1f s",
+            addr,
+            report.get("partitions_copied"),
+            report.get("seconds", 0),
+        )
+        return report
 
     def status(self) -> list[dict[str, Any]]:
         """Each server's view of the cluster (CLUSTER_STATUS), in spec order (both ends of a move in progress):
@@ -355,7 +376,7 @@ def _first_missing_key(keys: NativeKeys, found: np.ndarray) -> tuple[list[int], 
     return idx, int(missing.size), key
 
 
-class _Reader:
+class _Reader(_PipelinedReads):
     """Read methods shared by Table, PinnedTable and VersionWriter; `_read_version` 0 means the current version."""
 
     _grid: Grid
@@ -381,6 +402,10 @@ class _Reader:
         """
         k = convert_keys(keys)
         values, found = self._client().get_many(self.name, k, self._read_version, self._read_incarnation)
+        return self._finish_get(k, values, found, default)
+
+    def _finish_get(self, k: Any, values: Any, found: np.ndarray, default: Any) -> Any:
+        """`get_many`'s result from the native `(values, found)` of converted keys `k`."""
         if found.all():
             return values
         if default is RAISE:
@@ -412,7 +437,7 @@ class _Reader:
         _, found = self._client().get_many(self.name, [key], self._read_version, self._read_incarnation)
         return bool(found[0])
 
-    def _client(self) -> Any:
+    def _client(self) -> Client:
         return self._grid._client()
 
 
@@ -491,6 +516,7 @@ class Table(_Operators, _Reader, _Scans, _Reduce):
     def drop_version(self, version: int) -> None:
         """Frees an old version. The current version cannot be dropped (the servers refuse it)."""
         self._client().drop_version(self.name, int(version))
+        log.info("dropped version %d of %s", int(version), self.name)
 
     def pin(self, version: int | None = None) -> PinnedTable:
         """A read-only handle on one version: `version`, or the current one resolved now, once. Pass it to a job's
@@ -619,6 +645,7 @@ class VersionWriter(_Reader):
             self.abort()
             raise
         self._state = "committed"
+        log.info("committed version %d of %s: it is current", self.version, self.name)
         return self.version
 
     def abort(self) -> None:
@@ -626,12 +653,15 @@ class VersionWriter(_Reader):
         if self._state != "open":
             return
         self._state = "aborted"
+        log.info("aborted version %d of %s: the previous version stays current", self.version, self.name)
         try:
             self._client().drop_version(self.name, self.version)
-        except RamgridError:
+        except RamgridError as e:
+            log.warning(
+                "version %d of %s: the drop after the abort failed (%s); it stays invisible", self.version, self.name, e
+            )
             # The version is invisible either way: it was never made current. A server that missed the drop keeps
             # an orphan version that `versions()` lists and `drop_version()` removes.
-            pass
 
 
 class VersionPart(_Reader):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import logging
 import os
 import sys
 import threading
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 import numpy as np
 
 from ramgrid._gzip import gunzip
+from ramgrid._types import parse_value_type, spell_value_type
 from ramgrid.exceptions import BatchError, LoadError, RamgridError, TableNotFound
 from ramgrid.grid import Grid, Table, VersionPart, VersionWriter, client_for
 
@@ -59,6 +61,8 @@ _PARQUET_SUFFIXES = {".parquet", ".pq"}
 _FORMATS = ("text", "tsv", "csv", "parquet")
 _INFER_ROWS = 1000
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+log = logging.getLogger("ramgrid.load")
+
 _MAX_BAD_SAMPLES = 10
 _GZIP_MAGIC = b"\x1f\x8b"
 # The client refuses a whole batch with a longer key, so such a key is caught here, as a bad line.
@@ -1122,7 +1126,7 @@ def load_table(
         # The empty version 1 that creating a table opens is of no use once the load's version is current.
         _quietly(lambda: client_for(grid.config).drop_version(name, 1) if version != 1 else None)
     samples = [s for r in results for s in r.bad_samples][:_MAX_BAD_SAMPLES]
-    return LoadReport(
+    report = LoadReport(
         table=name,
         version=version,
         rows=sum(r.rows for r in results),
@@ -1135,6 +1139,17 @@ def load_table(
         tasks=len(tasks),
         bad_samples=samples,
     )
+    log.info(
+        "loaded %s into %s version %d: %d rows from %d files, %d bad lines, %.1f s",
+        path,
+        name,
+        version,
+        report.rows,
+        report.files,
+        report.bad_lines,
+        report.seconds,
+    )
+    return report
 
 
 def table_load(self: Table, path: PathLike, **options: Any) -> LoadReport:
@@ -1169,17 +1184,11 @@ def _describe(grid: Grid, name: str) -> dict[str, Any] | None:
 
 
 def _type_of(info: dict[str, Any]) -> str:
-    vt = str(info.get("value_type"))
-    return f"f32vec:{info.get('dim')}" if vt == "f32vec" else vt
+    return spell_value_type(str(info.get("value_type")), int(info.get("dim") or 0))
 
 
 def _norm_type(value_type: Any) -> str:
-    if isinstance(value_type, tuple):
-        return f"{value_type[0]}:{int(value_type[1])}"
-    vt = str(value_type)
-    if vt not in ("bytes", "i64", "f64") and not vt.startswith("f32vec:"):
-        raise ValueError(f"value_type must be 'bytes', 'i64', 'f64' or ('f32vec', dim), got {value_type!r}")
-    return vt
+    return spell_value_type(*parse_value_type(value_type))
 
 
 def _run_on_threads(

@@ -130,7 +130,8 @@ class LogisticRegression:
 
     def decision_function(self, X: Any) -> np.ndarray:
         x = np.asarray(X, dtype=np.float64)
-        return x @ self.coef_[0] + self.intercept_[0]
+        scores: np.ndarray = x @ self.coef_[0] + self.intercept_[0]
+        return scores
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """`(n, 2)`: the probabilities of label 0 and label 1."""
@@ -251,4 +252,4 @@ class KMeans:
         """The index of the nearest centroid of each row of `X` (its first `components` columns)."""
         x = np.asarray(X, dtype=np.float64)[:, : self.n_features_in_]
         d = ((x[:, None, :] - self.cluster_centers_[None, :, :]) ** 2).sum(axis=2)
-        return np.argmin(d, axis=1)
+        return np.asarray(np.argmin(d, axis=1))

@@ -19,6 +19,9 @@ from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from ramgrid._native import Client
+
 __all__ = ["Stats", "Where"]
 
 
@@ -89,7 +92,7 @@ class _Operators:
 
     if TYPE_CHECKING:
 
-        def _client(self) -> Any: ...  # the handle classes' (`_Reader._client`)
+        def _client(self) -> Client: ...  # the handle classes' (`_Reader._client`)
 
     def _run(self, op: str, **params: Any) -> dict[str, Any]:
         from ramgrid._native import run_op

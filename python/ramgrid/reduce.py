@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from ramgrid._native import Client
+
 __all__ = ["REDUCTIONS", "TOKENIZERS", "LookupReduced"]
 
 REDUCTIONS = ("sum", "mean", "max")
@@ -73,7 +76,7 @@ class _Reduce:
 
     if TYPE_CHECKING:
 
-        def _client(self) -> Any: ...
+        def _client(self) -> Client: ...
 
     def lookup_reduce(
         self,

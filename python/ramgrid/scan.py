@@ -21,6 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from ramgrid._native import Client
+
 from ramgrid.ops import _where
 
 __all__ = ["int_keys"]
@@ -91,7 +94,7 @@ class _Scans:
 
     if TYPE_CHECKING:
 
-        def _client(self) -> Any: ...  # the handle classes' (`_Reader._client`)
+        def _client(self) -> Client: ...  # the handle classes' (`_Reader._client`)
 
     def scan(self, chunk_items: int = 65536) -> ScanChunks:
         """Every item of the table, in chunks of at most `chunk_items`, partition by partition (see the module)."""

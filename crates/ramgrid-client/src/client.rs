@@ -362,6 +362,7 @@ impl Client {
                         settings.connect_timeout.min(left),
                         left,
                         settings.tls.as_ref(),
+                        settings.token.as_deref(),
                     )
                 };
                 (addr.clone(), stats)

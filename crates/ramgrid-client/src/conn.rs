@@ -420,6 +420,92 @@ impl Conn {
         Ok(())
     }
 
+    /// Writes one more request frame while replies to earlier ones on this connection may still be
+    /// unread (pipelining, `pipeline.rs`). Whatever arrives while the frame is written is read into
+    /// the buffer: the server stops reading requests while its replies cannot be sent, so a client
+    /// that only wrote would wait on a server that waits on it.
+    pub(crate) fn send_more(
+        &mut self,
+        server: &str,
+        frame: &[u8],
+        deadline: Instant,
+    ) -> Result<()> {
+        // The reply handed out last has been used (its borrow ended): drop its bytes.
+        self.rbuf.drain(..self.consumed);
+        self.consumed = 0;
+        self.awaiting = true;
+        let fd = self.stream.tcp().as_raw_fd();
+        let mut off = 0;
+        loop {
+            // The frame's bytes, then (TLS) what the record layer still holds.
+            let r = if off < frame.len() {
+                self.stream.send_now(&frame[off..])
+            } else {
+                match self.stream.flush_now() {
+                    Ok(()) => break,
+                    Err(e) => Err(e),
+                }
+            };
+            match r {
+                Ok(n) => {
+                    off += n;
+                    continue;
+                }
+                Err(e) => match e.kind() {
+                    io::ErrorKind::Interrupted => continue,
+                    io::ErrorKind::WouldBlock => {}
+                    _ => return Err(io_err(server, e)),
+                },
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(deadline::timeout_error(server));
+            }
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN | libc::POLLOUT,
+                revents: 0,
+            };
+            let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+            // SAFETY: one valid pollfd for the whole call.
+            if unsafe { libc::poll(&mut p, 1, ms) } > 0 && p.revents & libc::POLLIN != 0 {
+                self.read_available(server)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads what has arrived into the buffer without blocking; an error if the server closed.
+    fn read_available(&mut self, server: &str) -> Result<()> {
+        let len = self.rbuf.len();
+        self.rbuf.resize(len + READ_CHUNK, 0);
+        let r = self.stream.read_now(&mut self.rbuf[len..]);
+        self.rbuf.truncate(len + *r.as_ref().unwrap_or(&0));
+        match r {
+            Ok(0) => Err(closed(server)),
+            Ok(_) => Ok(()),
+            Err(e) => match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(()),
+                _ => Err(io_err(server, e)),
+            },
+        }
+    }
+
+    /// Reads the next reply on a pipelined connection, which must answer request `id` of `op`
+    /// (the server answers in request order; anything else means the stream is out of step).
+    pub(crate) fn recv_next(
+        &mut self,
+        server: &str,
+        id: u64,
+        op: Opcode,
+        deadline: Instant,
+    ) -> Result<Reply<'_>> {
+        self.last_id = id;
+        self.last_op = op;
+        self.awaiting = true;
+        self.recv(server, deadline)
+    }
+
     /// Whether the connection can carry another request: the last reply was read whole and nothing
     /// else arrived after it.
     pub(crate) fn is_clean(&self) -> bool {

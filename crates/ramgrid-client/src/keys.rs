@@ -118,6 +118,53 @@ impl<'a> Keys<'a> {
     }
 }
 
+/// A batch's keys copied out of the caller's buffers, for a request that outlives the call that
+/// made it (a pipelined batch is read back after its caller's buffers are gone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OwnedKeys {
+    /// Integer keys.
+    I64(Vec<i64>),
+    /// Key `i` is `data[offsets[i]..offsets[i + 1]]`.
+    Packed {
+        /// `n + 1` offsets into `data`.
+        offsets: Vec<i64>,
+        /// Every key's bytes, back to back.
+        data: Vec<u8>,
+    },
+}
+
+impl OwnedKeys {
+    /// A copy of `keys` (slices are packed). Packed keys are copied as given: call
+    /// [`Keys::validate`] on the result before use.
+    pub fn copy_of(keys: Keys<'_>) -> OwnedKeys {
+        match keys {
+            Keys::I64(v) => OwnedKeys::I64(v.to_vec()),
+            Keys::Packed { offsets, data } => OwnedKeys::Packed {
+                offsets: offsets.to_vec(),
+                data: data.to_vec(),
+            },
+            Keys::Slices(s) => {
+                let mut offsets = Vec::with_capacity(s.len() + 1);
+                let mut data = Vec::with_capacity(s.iter().map(|k| k.len()).sum());
+                offsets.push(0);
+                for k in s {
+                    data.extend_from_slice(k);
+                    offsets.push(data.len() as i64);
+                }
+                OwnedKeys::Packed { offsets, data }
+            }
+        }
+    }
+
+    /// The keys, borrowed.
+    pub fn keys(&self) -> Keys<'_> {
+        match self {
+            OwnedKeys::I64(v) => Keys::I64(v),
+            OwnedKeys::Packed { offsets, data } => Keys::Packed { offsets, data },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 
 mod admin;
+pub mod chunked;
 mod client;
 mod conn;
 mod deadline;
@@ -28,6 +29,7 @@ pub mod keys;
 pub mod membership;
 pub mod near;
 pub mod ops;
+pub mod pipeline;
 pub mod plan;
 mod read;
 pub mod reduce;
@@ -39,14 +41,16 @@ mod topology;
 pub mod values;
 mod write;
 
+pub use chunked::{ChunkedError, CHUNK_KEYS};
 pub use client::{
     Client, ClientConfig, GetResult, ServerStats, TableDescription, TableMeta, VersionSummary,
 };
 pub use error::{Error, ErrorKind, Result};
-pub use keys::{KeyBytes, Keys};
+pub use keys::{KeyBytes, Keys, OwnedKeys};
 pub use membership::{MoveReport, ServerStatus};
 pub use near::{NearCache, NearStats};
 pub use ops::{OpAnswer, OpResult, OpSpec};
+pub use pipeline::Pipeline;
 pub use plan::Ack;
 pub use ramgrid_proto::cluster::{partition_of, ClusterSpec};
 pub use ramgrid_proto::native::{Durability, Predicate, Stats, ValueType};

@@ -13,7 +13,7 @@ use crate::client::{
 use crate::error::{Error, Result};
 use crate::keys::Keys;
 use crate::plan::Groups;
-use crate::round::{Pick, RoundIo};
+use crate::round::RoundIo;
 use crate::values::{Values, ValuesMut};
 
 impl Client {
@@ -390,7 +390,7 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
         let io = RoundIo {
             opcode: Opcode::Get,
             hedge: true,
-            pick: Pick::Primary,
+            pick: client.read_pick(table, version),
             keys_in: &|p| by_part.row(p as usize).len(),
             encode: &mut encode,
             take: &mut take,
@@ -407,7 +407,7 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
     clippy::too_many_arguments,
     reason = "the reply, its layout and the outputs, kept apart for unit tests"
 )]
-fn scatter_reply(
+pub(crate) fn scatter_reply(
     g: &GetReply<'_>,
     vt: ValueType,
     addr: &str,

@@ -14,24 +14,61 @@
 //!    WRONG_EPOCH and NOT_OWNER end the round as `OpError::Stale` (the caller refreshes the spec
 //!    and runs a new round); other refusals end it as the error they map to.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use ramgrid_proto::cluster::PartitionMap;
 use ramgrid_proto::native::{Opcode, Response, Status};
 
 use crate::client::{refusal, Client, Handled, OpError, Topology};
 use crate::error::Error;
 use crate::hedge::{Encode, ReadIo, Take};
-use crate::plan::Groups;
+use crate::plan::{Ack, Groups};
 
 /// Which replica of a partition a round asks first.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Pick {
-    /// Its first replica that is up (the primary unless it is down): reads, whose servers
-    /// keep their caches warm for the partitions they lead.
+    /// Its first replica that is up (the primary unless it is down): reads of data a replica may
+    /// not hold yet (see [`Client::read_pick`]).
     Primary,
     /// Replica `(p + seed) mod R` first, then the others in order: operators, whose work per
-    /// partition is a whole pass, so consecutive calls (another seed each) spread it over every
-    /// replica instead of loading the primaries only.
+    /// partition is a whole pass, and reads of data every replica holds; consecutive calls
+    /// (another seed each) spread the work over every replica instead of loading the primaries only.
     Spread(u64),
+}
+
+impl Pick {
+    /// Index into partition `p`'s replica list of the replica asked first.
+    pub(crate) fn first(self, p: u32, replicas: usize) -> usize {
+        match self {
+            Pick::Primary => 0,
+            Pick::Spread(seed) => {
+                ((u64::from(p).wrapping_add(seed)) % replicas.max(1) as u64) as usize
+            }
+        }
+    }
+}
+
+/// The spread seed: one more per read call, shared by every client of the process.
+static READ_SEED: AtomicU64 = AtomicU64::new(0);
+
+impl Client {
+    /// The replica rule for reads (docs/ARCHITECTURE.md, "Reads spread over replicas"). A read
+    /// spreads over the replicas when every replica holds what it may be asked for:
+    /// 1. a sealed version is identical on every replica (written, then sealed, before any pinned
+    ///    read can name it), so its reads always spread;
+    /// 2. with `ack = all` this client's writes were acknowledged by every replica before they
+    ///    returned, so reads of the current (or any open) version spread too and still see them;
+    /// 3. otherwise (`ack = one` or `majority`) a replica may lag behind a write this client has
+    ///    seen acknowledged, so reads go to the primary first, as before, and read your writes.
+    pub(crate) fn read_pick(&self, table: &str, version: u32) -> Pick {
+        let same_everywhere =
+            self.inner.ack == Ack::All || (version != 0 && self.version_sealed(table, version));
+        if same_everywhere {
+            Pick::Spread(READ_SEED.fetch_add(1, Ordering::Relaxed))
+        } else {
+            Pick::Primary
+        }
+    }
 }
 
 /// How a round builds its frames and takes its replies.
@@ -82,12 +119,7 @@ impl Client {
         while !todo.is_empty() {
             for &p in &todo {
                 let reps = map.replicas(p);
-                let first = match pick {
-                    Pick::Primary => 0,
-                    Pick::Spread(seed) => {
-                        ((u64::from(p).wrapping_add(seed)) % reps.len().max(1) as u64) as usize
-                    }
-                };
+                let first = pick.first(p, reps.len());
                 let order = || reps[first..].iter().chain(&reps[..first]);
                 let usable = |s: usize| !failed[s] && !repairing[p as usize].contains(&s);
                 let pick = order()

@@ -16,6 +16,7 @@ pub(crate) fn fetch(
     connect_timeout: Duration,
     timeout: Duration,
     tls: Option<&crate::tls::ClientTls>,
+    token: Option<&str>,
 ) -> Result<Vec<(String, String)>> {
     let conn_err = |e: std::io::Error| Error::Connect {
         server: addr.to_string(),
@@ -47,8 +48,27 @@ pub(crate) fn fetch(
         None => crate::tls::Stream::Plain(stream),
         Some(tls) => tls.wrap(addr, stream)?,
     };
-    stream.write_all(b"stats\r\n").map_err(io)?;
-    parse(BufReader::new(Blocking(stream)), addr)
+    let mut request = Vec::new();
+    if let Some(token) = token {
+        // memcached's text-protocol authentication (server `auth.rs`): a `set` whose data is
+        // `<user> <password>`, answered STORED; the user name is not checked.
+        let data = format!("ramgrid {token}");
+        request.extend_from_slice(format!("set auth 0 0 {}\r\n{data}\r\n", data.len()).as_bytes());
+    }
+    request.extend_from_slice(b"stats\r\n");
+    stream.write_all(&request).map_err(io)?;
+    let mut r = BufReader::new(Blocking(stream));
+    if token.is_some() {
+        let mut line = String::new();
+        r.read_line(&mut line).map_err(io)?;
+        if line.trim_end() != "STORED" {
+            return Err(Error::Auth {
+                server: addr.to_string(),
+                message: format!("the server refused the token for `stats`: {}", line.trim_end()),
+            });
+        }
+    }
+    parse(r, addr)
 }
 
 /// The stream's blocking reads, for `BufReader`.

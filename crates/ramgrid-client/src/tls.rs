@@ -193,6 +193,80 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// Sends from `buf` without blocking and returns how many of its bytes were taken:
+    /// `Err(WouldBlock)` when none could be. For TLS the bytes are taken into the record layer;
+    /// what of it the socket could not take yet waits there for [`flush_now`](Self::flush_now).
+    pub(crate) fn send_now(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => send_now(s, buf),
+            Stream::Tls(s) => {
+                let StreamOwned { conn, sock } = &mut **s;
+                flush_tls(conn, sock)?;
+                let n = conn.writer().write(buf)?;
+                match flush_tls(conn, sock) {
+                    Err(e) if e.kind() != io::ErrorKind::WouldBlock => return Err(e),
+                    _ => {}
+                }
+                if n == 0 {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                Ok(n)
+            }
+        }
+    }
+
+    /// Pushes what the TLS record layer holds to the socket without blocking: `Ok` once nothing
+    /// is left, `Err(WouldBlock)` while the socket cannot take it. Plain streams hold nothing.
+    pub(crate) fn flush_now(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Plain(_) => Ok(()),
+            Stream::Tls(s) => {
+                let StreamOwned { conn, sock } = &mut **s;
+                flush_tls(conn, sock)
+            }
+        }
+    }
+}
+
+fn flush_tls(conn: &mut ClientConnection, sock: &TcpStream) -> io::Result<()> {
+    while conn.wants_write() {
+        conn.write_tls(&mut NowWriter(sock))?;
+    }
+    Ok(())
+}
+
+/// A `Write` over a socket that never blocks (`send` with `MSG_DONTWAIT`).
+struct NowWriter<'a>(&'a TcpStream);
+
+impl Write for NowWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        send_now(self.0, buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn send_now(sock: &TcpStream, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for reads of `buf.len()` bytes for the whole call, and the fd
+    // belongs to `sock`, which outlives it.
+    let n = unsafe {
+        libc::send(
+            sock.as_raw_fd(),
+            buf.as_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
 /// A `Read` over a socket that never blocks (`recv` with `MSG_DONTWAIT`).
 struct NowReader<'a>(&'a TcpStream);
 

@@ -108,6 +108,23 @@ impl Client {
         self.topology().spec.clone()
     }
 
+    /// The replicas of each partition of `table` under the spec this client routes by, as server
+    /// addresses, primary first (what a job needs to run a partition's work next to its data).
+    pub fn partition_owners(&self, table: &str) -> Result<Vec<Vec<String>>> {
+        let meta = self.table_meta(table)?;
+        let topo = self.topology();
+        let map = topo.map(&meta);
+        let servers = topo.spec.servers();
+        Ok((0..map.partitions())
+            .map(|p| {
+                map.replicas(p)
+                    .iter()
+                    .map(|&s| servers[s as usize].clone())
+                    .collect()
+            })
+            .collect())
+    }
+
     /// Fetches the spec from the servers (the first that has one answers) and adopts it if its epoch
     /// differs from this client's.
     pub fn refresh_spec(&self) -> Result<()> {

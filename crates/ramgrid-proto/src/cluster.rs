@@ -204,6 +204,25 @@ impl ClusterSpec {
         }
     }
 
+    /// Parses a spec file (`--cluster-spec`): the text form, where a line may also be a bare
+    /// `host:port` (read as `server host:port`, the form clients' spec files use, so one file
+    /// serves both) and may end in a `# comment`.
+    pub fn parse_file(text: &str) -> Result<ClusterSpec, SpecError> {
+        let mut canonical = String::with_capacity(text.len() + 64);
+        for line in text.lines() {
+            let line = line.split('#').next().unwrap_or_default().trim();
+            let mut words = line.split_whitespace();
+            if let (Some(word), None) = (words.next(), words.next()) {
+                if word.contains(':') {
+                    canonical.push_str("server ");
+                }
+            }
+            canonical.push_str(line);
+            canonical.push('\n');
+        }
+        ClusterSpec::parse(&canonical)
+    }
+
     /// Parses the text form from bytes (as carried by SET_SPEC / GET_SPEC).
     pub fn parse_bytes(bytes: &[u8]) -> Result<ClusterSpec, SpecError> {
         ClusterSpec::parse(std::str::from_utf8(bytes).map_err(|_| SpecError::NotUtf8)?)
@@ -504,6 +523,22 @@ impl PartitionMap {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_spec_file_may_list_bare_addresses_and_comments() {
+        let text = "# hosts\n10.0.0.1:11211\nserver 10.0.0.2:11211  # second\n\n[::1]:7000\n";
+        let spec = ClusterSpec::parse_file(text).unwrap();
+        assert_eq!(
+            spec.servers(),
+            ["10.0.0.1:11211", "10.0.0.2:11211", "[::1]:7000"]
+        );
+        // What the wire form refuses stays refused: a word that is not an address, a bad port.
+        assert!(ClusterSpec::parse_file("nonsense\n").is_err());
+        assert!(ClusterSpec::parse_file("10.0.0.1:0\n").is_err());
+        assert!(ClusterSpec::parse_file("10.0.0.1:1\n10.0.0.1:1\n").is_err());
+        // The wire form does not take bare addresses.
+        assert!(ClusterSpec::parse("10.0.0.1:11211\n").is_err());
+    }
+
     use super::*;
 
     fn servers(n: usize) -> Vec<String> {

@@ -2,6 +2,8 @@
 //! maps errors to Python exceptions. Every policy lives in ramgrid-client or in the Python package;
 //! the contract is `python/ramgrid/_native.pyi`.
 
+mod aio;
+mod errors;
 mod ops;
 mod reduce;
 mod scan;
@@ -12,128 +14,18 @@ use numpy::{
     IntoPyArray, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArray1, PyReadonlyArrayDyn,
     PyUntypedArrayMethods,
 };
-use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyKeyboardInterrupt, PyOSError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyKeyboardInterrupt, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 use ramgrid_client::{
-    parse_type, type_name, Ack, Client as RustClient, ClientConfig, Durability, Error, ErrorKind,
-    Keys, MoveReport, TableDescription, ValueType, Values, ValuesRef,
+    parse_type, type_name, Ack, Client as RustClient, ClientConfig, Durability, Keys, MoveReport,
+    TableDescription, ValueType, Values, ValuesRef,
 };
 
-create_exception!(
-    ramgrid._native,
-    RamgridError,
-    PyException,
-    "Base class of every ramgrid error."
-);
-create_exception!(
-    ramgrid._native,
-    ConnectionFailed,
-    RamgridError,
-    "A server could not be reached, or the connection broke."
-);
-create_exception!(
-    ramgrid._native,
-    ServerRefused,
-    ConnectionFailed,
-    "A server turned the connection away (e.g. it has too many open connections); the message says why."
-);
-create_exception!(
-    ramgrid._native,
-    Timeout,
-    RamgridError,
-    "A request got no answer in time."
-);
-create_exception!(
-    ramgrid._native,
-    AuthError,
-    RamgridError,
-    "The server refused the auth token."
-);
-create_exception!(
-    ramgrid._native,
-    ProtocolError,
-    RamgridError,
-    "A peer sent bytes that break the protocol."
-);
-create_exception!(
-    ramgrid._native,
-    TableNotFound,
-    RamgridError,
-    "No table by that name."
-);
-create_exception!(
-    ramgrid._native,
-    TableExists,
-    RamgridError,
-    "A table by that name exists already."
-);
-create_exception!(
-    ramgrid._native,
-    VersionNotFound,
-    RamgridError,
-    "No such version of the table."
-);
-create_exception!(
-    ramgrid._native,
-    VersionSealed,
-    RamgridError,
-    "The version is sealed and can no longer be written."
-);
-create_exception!(
-    ramgrid._native,
-    OutOfMemory,
-    RamgridError,
-    "A server's table memory is full."
-);
-create_exception!(
-    ramgrid._native,
-    PartitionsUnavailable,
-    RamgridError,
-    "No replica of these partitions answered; `partitions` lists them."
-);
-create_exception!(
-    ramgrid._native,
-    BatchError,
-    RamgridError,
-    "Some keys of a batch were refused; the others were applied. `failures` lists (index, reason)."
-);
-
+use errors::chunked_to_py;
+pub(crate) use errors::to_py;
 /// Keys per network call in a long batch: between calls the GIL is taken back to check for Ctrl-C.
-const CHUNK_KEYS: usize = 1 << 18;
-
-fn to_py(py: Python<'_>, e: Error) -> PyErr {
-    let msg = e.to_string();
-    match e.kind() {
-        ErrorKind::InvalidArgument => PyValueError::new_err(msg),
-        ErrorKind::ConnectionFailed => ConnectionFailed::new_err(msg),
-        ErrorKind::Refused => ServerRefused::new_err(msg),
-        ErrorKind::Timeout => Timeout::new_err(msg),
-        ErrorKind::Auth => AuthError::new_err(msg),
-        ErrorKind::Protocol => ProtocolError::new_err(msg),
-        ErrorKind::TableNotFound => TableNotFound::new_err(msg),
-        ErrorKind::TableExists => TableExists::new_err(msg),
-        ErrorKind::VersionNotFound => VersionNotFound::new_err(msg),
-        ErrorKind::VersionSealed => VersionSealed::new_err(msg),
-        ErrorKind::OutOfMemory => OutOfMemory::new_err(msg),
-        ErrorKind::PartitionsUnavailable => {
-            let err = PartitionsUnavailable::new_err(msg);
-            if let Error::PartitionsUnavailable { partitions, .. } = &e {
-                let _ = err.value(py).setattr("partitions", partitions.clone());
-            }
-            err
-        }
-        ErrorKind::Batch => {
-            let err = BatchError::new_err(msg);
-            if let Error::Batch { failures } = &e {
-                let _ = err.value(py).setattr("failures", failures.clone());
-            }
-            err
-        }
-        _ => RamgridError::new_err(msg),
-    }
-}
+pub(crate) use ramgrid_client::CHUNK_KEYS;
 
 /// Keys as Python handed them, kept alive (and borrowed from) for the length of a call.
 enum KeyHolder<'py> {
@@ -248,23 +140,10 @@ impl<'py> KeyHolder<'py> {
     }
 }
 
-/// Runs `f` over the batch in chunks of [`CHUNK_KEYS`], without the GIL, checking for signals between chunks.
-fn chunked(
-    py: Python<'_>,
-    n: usize,
-    mut f: impl FnMut(std::ops::Range<usize>) -> Result<(), Error> + Send,
-) -> PyResult<()> {
-    let mut start = 0;
-    loop {
-        let end = (start + CHUNK_KEYS).min(n);
-        py.allow_threads(|| f(start..end))
-            .map_err(|e| to_py(py, e))?;
-        start = end;
-        if start >= n {
-            return Ok(());
-        }
-        py.check_signals()?;
-    }
+/// Python's signal check, for a chunked call to run between chunks: with the GIL released for
+/// the call, it takes the GIL back only for the check (Ctrl-C raises KeyboardInterrupt here).
+pub(crate) fn check_signals() -> PyResult<()> {
+    Python::with_gil(|py| py.check_signals())
 }
 
 fn description_dict<'py>(py: Python<'py>, d: &TableDescription) -> PyResult<Bound<'py, PyDict>> {
@@ -487,6 +366,12 @@ impl Client {
             .map_err(|e| to_py(py, e))
     }
 
+    /// The replicas of each partition of `table`, as server addresses, primary first.
+    fn partition_owners(&self, py: Python<'_>, table: &str) -> PyResult<Vec<Vec<String>>> {
+        py.allow_threads(|| self.inner.partition_owners(table))
+            .map_err(|e| to_py(py, e))
+    }
+
     /// Returns (values, found); see the .pyi for the shapes.
     #[pyo3(signature = (table, keys, version=0, incarnation=0))]
     fn get_many<'py>(
@@ -501,49 +386,13 @@ impl Client {
         let slices = holder.slices()?;
         let keys = holder.keys(&slices);
         let n = keys.len();
-        let meta_of = |py: Python<'_>| {
-            py.allow_threads(|| self.inner.table_meta(table))
-                .map_err(|e| to_py(py, e))
-        };
-        let mut meta = meta_of(py)?;
-        let mut tries = 0;
-        let (values, found) = loop {
-            tries += 1;
-            let mut values = Values::zeroed(meta.value_type, n);
-            let mut found = vec![false; n];
-            let mut pinned = version;
-            let (v, f, client) = (&mut values, &mut found, &self.inner);
-            // Each chunk reads at the version the first one resolved, so the whole call sees one version.
-            let read = chunked(py, n, |r| {
-                let got = client.get_into_of(
-                    table,
-                    incarnation,
-                    keys.slice(r.clone()),
-                    pinned,
-                    &mut v.slice_mut(r.clone()),
-                    &mut f[r],
-                )?;
-                pinned = got;
-                Ok(())
-            });
-            match read {
-                Ok(()) => break (values, found),
-                Err(e) => {
-                    // The table was dropped and created again (perhaps with another value type)
-                    // while we read its current version: read the new one, once, into an output
-                    // of its type. A pinned version belonged to the table that is gone.
-                    let fresh = if version == 0 && tries < 3 {
-                        meta_of(py).ok()
-                    } else {
-                        None
-                    };
-                    match fresh {
-                        Some(m) if m.incarnation != meta.incarnation => meta = m,
-                        _ => return Err(e),
-                    }
-                }
-            }
-        };
+        let client = &self.inner;
+        let got = py
+            .allow_threads(|| {
+                client.get_chunked(table, incarnation, keys, version, CHUNK_KEYS, check_signals)
+            })
+            .map_err(|e| chunked_to_py(py, e))?;
+        let (values, found) = (got.values, got.found);
         let values = match values {
             Values::I64(v) => v.into_pyarray(py).into_any(),
             Values::F64(v) => v.into_pyarray(py).into_any(),
@@ -583,22 +432,11 @@ impl Client {
         let vholder = ValueHolder::new(py, values, meta.value_type, n)?;
         let vslices = vholder.slices()?;
         let vals = vholder.values(&vslices);
-        let dim = match meta.value_type {
-            ValueType::F32Vec(d) => d as usize,
-            _ => 1,
-        };
         let client = &self.inner;
-        let mut partial = Partial::default();
-        chunked(py, n, |r| {
-            let done = client.put(
-                table,
-                keys.slice(r.clone()),
-                vals.slice(r.clone(), dim),
-                version,
-            );
-            partial.absorb(r.start, done).map(|_| ())
-        })?;
-        partial.into_result(py).map(|_| ())
+        py.allow_threads(|| {
+            client.put_chunked(table, keys, vals, version, CHUNK_KEYS, check_signals)
+        })
+        .map_err(|e| chunked_to_py(py, e))
     }
 
     /// Deletes keys on every replica; returns how many were found.
@@ -614,13 +452,8 @@ impl Client {
         let slices = holder.slices()?;
         let keys = holder.keys(&slices);
         let client = &self.inner;
-        let mut partial = Partial::default();
-        chunked(py, keys.len(), |r| {
-            let d = partial.absorb(r.start, client.delete(table, keys.slice(r), version))?;
-            partial.done += d.unwrap_or(0);
-            Ok(())
-        })?;
-        partial.into_result(py)
+        py.allow_threads(|| client.delete_chunked(table, keys, version, CHUNK_KEYS, check_signals))
+            .map_err(|e| chunked_to_py(py, e))
     }
 
     /// One dict per server: {"server": addr, <stat>: value...}, or {"server": addr, "error": message}.
@@ -735,55 +568,6 @@ impl Client {
     }
 }
 
-/// Per-key and per-partition failures of a chunked write, merged over its chunks so that a chunk's
-/// failure does not stop the others (as for one unchunked call).
-#[derive(Default)]
-struct Partial {
-    failures: Vec<(usize, String)>,
-    partitions: std::collections::BTreeSet<u32>,
-    detail: String,
-    done: usize,
-}
-
-impl Partial {
-    /// Records a chunk's failure (indices shifted by the chunk's start); other errors pass through.
-    fn absorb<T>(&mut self, start: usize, r: Result<T, Error>) -> Result<Option<T>, Error> {
-        match r {
-            Ok(v) => Ok(Some(v)),
-            Err(Error::Batch { failures }) => {
-                self.failures
-                    .extend(failures.into_iter().map(|(i, why)| (i + start, why)));
-                Ok(None)
-            }
-            Err(Error::PartitionsUnavailable { partitions, detail }) => {
-                self.partitions.extend(partitions);
-                self.detail = detail;
-                Ok(None)
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    fn into_result(self, py: Python<'_>) -> PyResult<usize> {
-        if !self.partitions.is_empty() {
-            let e = Error::PartitionsUnavailable {
-                partitions: self.partitions.into_iter().collect(),
-                detail: self.detail,
-            };
-            return Err(to_py(py, e));
-        }
-        if !self.failures.is_empty() {
-            return Err(to_py(
-                py,
-                Error::Batch {
-                    failures: self.failures,
-                },
-            ));
-        }
-        Ok(self.done)
-    }
-}
-
 /// Put values as Python handed them, converted to the table's type.
 enum ValueHolder<'py> {
     I64(PyReadonlyArray1<'py, i64>),
@@ -892,73 +676,38 @@ impl<'py> ValueHolder<'py> {
     }
 }
 
-/// Runs a ramgrid server in this process with ramgrid-server's flags; prints the listening line and
-/// blocks (without the GIL) until SIGTERM or SIGINT.
+/// Runs a ramgrid server in this process with ramgrid-server's flags (see
+/// `ramgrid_server::run_until`): prints the listening line and blocks (without the GIL) until
+/// SIGTERM or SIGINT, or until a Python signal handler raises.
 #[pyfunction]
 fn run_server(py: Python<'_>, args: Vec<String>) -> PyResult<()> {
-    use clap::Parser;
-    use std::io::Write;
-
-    let config = match ramgrid_server::Config::try_parse_from(
-        std::iter::once("ramgrid-server".to_string()).chain(args),
-    ) {
-        Ok(c) => c,
-        Err(e)
-            if matches!(
-                e.kind(),
-                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
-            ) =>
-        {
-            print!("{e}");
+    let config = match ramgrid_server::parse_args(args).map_err(PyValueError::new_err)? {
+        ramgrid_server::Args::Run(config) => config,
+        ramgrid_server::Args::Print(text) => {
+            print!("{text}");
             return Ok(());
         }
-        Err(e) => return Err(PyValueError::new_err(e.to_string())),
     };
-    config.validate().map_err(PyValueError::new_err)?;
-    let handle = py
-        .allow_threads(|| ramgrid_server::start(&config))
-        .map_err(|e| PyOSError::new_err(format!("{e:#}")))?;
-    {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "ramgrid-server listening on {}", handle.local_addr());
-        let _ = out.flush();
-    }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| PyOSError::new_err(e.to_string()))?;
-    let (mut term, mut int) = rt
-        .block_on(async {
-            use tokio::signal::unix::{signal, SignalKind};
-            Ok::<_, std::io::Error>((
-                signal(SignalKind::terminate())?,
-                signal(SignalKind::interrupt())?,
-            ))
-        })
-        .map_err(|e| PyOSError::new_err(e.to_string()))?;
-    // SIGINT reaches both tokio's handler and Python's (which only sets a flag); a KeyboardInterrupt
-    // pending from it is the stop we asked for, not an error.
-    let is_stop = |e: &PyErr| e.is_instance_of::<PyKeyboardInterrupt>(py);
-    let outcome = loop {
-        let stop = py.allow_threads(|| {
-            rt.block_on(async {
-                tokio::select! {
-                    _ = term.recv() => true,
-                    _ = int.recv() => true,
-                    _ = tokio::time::sleep(Duration::from_millis(200)) => false,
+    // SIGINT reaches both the server's handler and Python's (which only sets a flag); a
+    // KeyboardInterrupt pending from it is the stop we asked for, not an error. A Python signal
+    // handler that raised anything else ends the server too, with its exception.
+    let mut raised = None;
+    py.allow_threads(|| {
+        ramgrid_server::run_until(&config, || {
+            Python::with_gil(|py| match py.check_signals() {
+                Ok(()) => false,
+                Err(e) => {
+                    raised = Some(e);
+                    true
                 }
             })
-        });
-        match py.check_signals() {
-            Err(e) if is_stop(&e) => break Ok(()),
-            // A Python signal handler that raised ends the server too, with its exception.
-            Err(e) => break Err(e),
-            Ok(()) if stop => break Ok(()),
-            Ok(()) => {}
-        }
-    };
-    py.allow_threads(|| handle.shutdown());
-    outcome
+        })
+    })
+    .map_err(|e| PyOSError::new_err(format!("{e:#}")))?;
+    match raised {
+        Some(e) if !Python::with_gil(|py| e.is_instance_of::<PyKeyboardInterrupt>(py)) => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// The partition of `key` in a table of `partitions` partitions (ints are keyed by their 8-byte LE encoding).
@@ -982,30 +731,17 @@ fn partition_of(key: &Bound<'_, PyAny>, partitions: u32) -> PyResult<u32> {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    let py = m.py();
     m.add_class::<Client>()?;
     m.add_function(wrap_pyfunction!(run_server, m)?)?;
     m.add_function(wrap_pyfunction!(partition_of, m)?)?;
     m.add_function(wrap_pyfunction!(ops::run_op, m)?)?;
     m.add_class::<scan::ScanIter>()?;
+    m.add_class::<aio::PipelinedGets>()?;
+    m.add_class::<aio::AioReader>()?;
+    m.add_function(wrap_pyfunction!(aio::get_many_pipelined, m)?)?;
     m.add_function(wrap_pyfunction!(scan::scan, m)?)?;
     m.add_function(wrap_pyfunction!(scan::top_k, m)?)?;
     m.add_function(wrap_pyfunction!(reduce::lookup_reduce, m)?)?;
-    m.add("RamgridError", py.get_type::<RamgridError>())?;
-    m.add("ConnectionFailed", py.get_type::<ConnectionFailed>())?;
-    m.add("ServerRefused", py.get_type::<ServerRefused>())?;
-    m.add("Timeout", py.get_type::<Timeout>())?;
-    m.add("AuthError", py.get_type::<AuthError>())?;
-    m.add("ProtocolError", py.get_type::<ProtocolError>())?;
-    m.add("TableNotFound", py.get_type::<TableNotFound>())?;
-    m.add("TableExists", py.get_type::<TableExists>())?;
-    m.add("VersionNotFound", py.get_type::<VersionNotFound>())?;
-    m.add("VersionSealed", py.get_type::<VersionSealed>())?;
-    m.add("OutOfMemory", py.get_type::<OutOfMemory>())?;
-    m.add(
-        "PartitionsUnavailable",
-        py.get_type::<PartitionsUnavailable>(),
-    )?;
-    m.add("BatchError", py.get_type::<BatchError>())?;
+    m.add_function(wrap_pyfunction!(errors::error_classes, m)?)?;
     Ok(())
 }

@@ -11,7 +11,8 @@ use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 use ramgrid_client::reduce::{Miss, Reduce, Reduced, TokenBatch};
 use ramgrid_client::{Error, Keys};
 
-use crate::{sliceable, to_py, Client, CHUNK_KEYS};
+use crate::errors::chunked_to_py;
+use crate::{check_signals, sliceable, to_py, Client, CHUNK_KEYS};
 
 /// Records as Python handed them, kept alive (and borrowed from) for the length of a call.
 enum Records<'py> {
@@ -144,24 +145,20 @@ impl Call<'_> {
         let k = keys.len();
         let mut values = vec![0.0; k];
         let mut found = vec![false; k];
-        let mut pinned = self.version;
-        let mut start = 0;
-        loop {
-            let end = (start + CHUNK_KEYS).min(k);
-            let (v, f) = (&mut values[start..end], &mut found[start..end]);
-            pinned = py
-                .allow_threads(|| {
-                    let keys = &keys[start..end];
-                    self.client
-                        .lookup_f64(self.table, self.incarnation, pinned, keys, v, f)
-                })
-                .map_err(|e| to_py(py, e))?;
-            start = end;
-            if start >= k {
-                break;
-            }
-            py.check_signals()?;
-        }
+        let pinned = py
+            .allow_threads(|| {
+                self.client.lookup_f64_chunked(
+                    self.table,
+                    self.incarnation,
+                    self.version,
+                    keys,
+                    &mut values,
+                    &mut found,
+                    CHUNK_KEYS,
+                    check_signals,
+                )
+            })
+            .map_err(|e| chunked_to_py(py, e))?;
         py.allow_threads(|| batch.reduce(&values, &found, self.how, self.miss, pinned))
             .map_err(|e| to_py(py, e))
     }

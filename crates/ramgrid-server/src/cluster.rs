@@ -165,6 +165,13 @@ fn install(state: &NativeState, spec: ClusterSpec, forget: bool) -> Result<u64, 
     let joining = index.is_some() && !spec.servers().contains(&state.server_id);
     *cluster = Some(new);
     drop(cluster);
+    tracing::info!(
+        epoch = format_args!("{epoch:016x}"),
+        servers = spec.servers().join(","),
+        next = spec.next().map(|n| n.join(",")),
+        member = index.is_some(),
+        "spec installed"
+    );
     if first || joining || forget {
         // Learn the tables this server lacks from its peers, then copy what is pending.
         state.repair.needs_catalog.store(true, Ordering::Release);

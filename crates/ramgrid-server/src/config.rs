@@ -54,7 +54,7 @@ pub struct Config {
     /// announces the smaller of this and a quarter of `--buffer-memory`.
     #[arg(long, default_value = "256MiB", value_parser = parse_size)]
     pub max_frame: u64,
-    /// Cluster spec file (one `host:port` per line, in order); without it the server waits for SET_SPEC.
+    /// Cluster spec file: one `host:port` (or `server host:port`) per line, in order, `#` comments; the same file clients read. Without it the server waits for SET_SPEC or learns the spec from --join peers.
     #[arg(long, env = "RAMGRID_CLUSTER_SPEC")]
     pub cluster_spec: Option<std::path::PathBuf>,
     /// Peers to learn the cluster spec and tables from when this server has no spec (a server
@@ -101,6 +101,12 @@ pub struct Config {
     /// Allow listening on a non-loopback address without a token. Anyone who can reach the port can read and write everything.
     #[arg(long)]
     pub insecure_no_auth: bool,
+    /// Log filter: a level (error, warn, info, debug, trace) or per-module directives, e.g. `info,ramgrid_server::repair=debug`. Logs go to stderr, one line per event
+    #[arg(long = "log", env = "RAMGRID_LOG", default_value = "info")]
+    pub log: String,
+    /// Log line format: `text` for people, `json` (one object per line) for log shippers
+    #[arg(long, env = "RAMGRID_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: crate::log::LogFormat,
 }
 
 fn default_threads() -> usize {

@@ -646,7 +646,7 @@ pub fn spawn(
             {
                 Ok(rt) => rt,
                 Err(e) => {
-                    eprintln!("ramgrid-server: cannot start the metrics runtime: {e}");
+                    tracing::error!("cannot start the metrics runtime: {e}");
                     return;
                 }
             };

@@ -283,8 +283,8 @@ impl Persist {
         let path = self.copying_path(spec, version);
         match fs::remove_file(&path) {
             Ok(()) => {
-                eprintln!(
-                    "ramgrid-server: data dir: {}: version {version} of {:?} copied whole from replicas; its log is complete again",
+                tracing::info!(
+                    "data dir: {}: version {version} of {:?} copied whole from replicas; its log is complete again",
                     path.display(),
                     spec.name
                 );

@@ -95,7 +95,7 @@ impl RepairState {
         let mut last = self.last_error.lock();
         // Retried every pass: say it once, not twice a second.
         if *last != msg {
-            eprintln!("ramgrid-server: repair: {msg}");
+            tracing::warn!("repair: {msg}");
             *last = msg;
         }
     }
@@ -144,9 +144,9 @@ fn token(state: &NativeState) -> Option<&str> {
     state.token.as_deref()
 }
 
-/// Installs the spec most `--join` peers hold that lists this server.
-fn learn_spec(state: &NativeState) {
-    let mut seen: HashMap<u64, (usize, ClusterSpec)> = HashMap::new();
+/// The specs the `--join` peers that answer hold (those that have one).
+fn peer_specs(state: &NativeState) -> Vec<ClusterSpec> {
+    let mut out = Vec::new();
     for addr in &state.repair.join {
         let got = Peer::connect(addr, token(state), state.tls.as_deref()).and_then(|mut p| {
             p.call(&Request::GetSpec, |r| match r {
@@ -158,16 +158,57 @@ fn learn_spec(state: &NativeState) {
             })
         });
         if let Ok(Some(spec)) = got {
-            if spec.index_of(&state.server_id).is_some() {
-                seen.entry(spec.epoch()).or_insert((0, spec)).0 += 1;
-            }
+            out.push(spec);
+        }
+    }
+    out
+}
+
+/// Whether a server starting with a `--cluster-spec` file should install it. The file only
+/// starts a cluster: once the cluster has a spec, it is the one the metadata group committed,
+/// and it changes (servers added, removed, failed over) while the file stays as written. So a
+/// server restarted with the file it was first started with installs it only when nothing newer
+/// is known: not when its own data directory holds the group's committed spec (`committed`), nor
+/// when a `--join` peer already holds a spec (the repair thread then learns it from them; a
+/// server the cluster has since removed gets none, and serves nothing, rather than the stale
+/// file's).
+pub fn use_spec_file(
+    state: &NativeState,
+    file: &ClusterSpec,
+    committed: Option<&ClusterSpec>,
+) -> bool {
+    let why = match committed {
+        Some(c) => format!(
+            "this server's data directory holds the committed spec (epoch {:016x})",
+            c.epoch()
+        ),
+        None => match peer_specs(state).into_iter().next() {
+            Some(p) => format!(
+                "the --join peers hold the cluster's spec (epoch {:016x})",
+                p.epoch()
+            ),
+            None => return true,
+        },
+    };
+    if committed.is_none_or(|c| c.epoch() != file.epoch()) {
+        tracing::info!("the --cluster-spec file is not installed: {why}");
+    }
+    false
+}
+
+/// Installs the spec most `--join` peers hold that lists this server.
+fn learn_spec(state: &NativeState) {
+    let mut seen: HashMap<u64, (usize, ClusterSpec)> = HashMap::new();
+    for spec in peer_specs(state) {
+        if spec.index_of(&state.server_id).is_some() {
+            seen.entry(spec.epoch()).or_insert((0, spec)).0 += 1;
         }
     }
     if let Some((_, spec)) = seen.into_values().max_by_key(|(n, _)| *n) {
         match crate::cluster::install_spec(state, spec) {
-            Ok(epoch) => eprintln!(
-                "ramgrid-server: learned the cluster spec from a peer (epoch {epoch:016x})"
-            ),
+            Ok(epoch) => {
+                tracing::info!("learned the cluster spec from a peer (epoch {epoch:016x})")
+            }
             Err(e) => state.repair.fail(format!("spec from peers refused: {e}")),
         }
     }
@@ -203,7 +244,7 @@ fn learn_catalog(state: &NativeState) -> bool {
         });
         match got {
             Ok(t) => answers.push(t),
-            Err(e) => eprintln!("ramgrid-server: repair: catalog from {addr}: {e}"),
+            Err(e) => tracing::info!("repair: catalog from {addr}: {e}"),
         }
     }
     if answers.is_empty() {
@@ -290,8 +331,8 @@ fn adopt(state: &NativeState, name: &str, infos: Vec<wire::TableInfo>) -> Result
         }
         other => {
             if let Ok(stale) = other {
-                eprintln!(
-                    "ramgrid-server: repair: table {name} here is incarnation {:016x}, the peers' is {incarnation:016x}: replacing it",
+                tracing::info!(
+                    "repair: table {name} here is incarnation {:016x}, the peers' is {incarnation:016x}: replacing it",
                     stale.spec.incarnation
                 );
                 if let Some(p) = &state.persist {
@@ -313,8 +354,8 @@ fn adopt(state: &NativeState, name: &str, infos: Vec<wire::TableInfo>) -> Result
                 // Durable here too: its catalog, and a log for each open version of a log table.
                 p.sync_table(tables, name)?;
             }
-            eprintln!(
-                "ramgrid-server: repair: adopted table {name} ({} versions, current {current}) from peers",
+            tracing::info!(
+                "repair: adopted table {name} ({} versions, current {current}) from peers",
                 versions.len()
             );
         }
@@ -402,8 +443,8 @@ fn mark_replayed(
         }
         match state.tables.mark_replayed_pending(name, v, parts, servable) {
             Ok(()) => {
-                eprintln!(
-                    "ramgrid-server: repair: {name} v{v}: {} replayed partitions to {} a replica",
+                tracing::info!(
+                    "repair: {name} v{v}: {} replayed partitions to {} a replica",
                     parts.len(),
                     if servable {
                         "reconcile with"
@@ -467,8 +508,8 @@ pub fn serve_unserved(state: &NativeState, marked: &[(String, u32, Vec<u32>)]) {
             }
         }
         if served > 0 {
-            eprintln!(
-                "ramgrid-server: repair: {name} v{v}: {served} of {} replayed partitions served \
+            tracing::info!(
+                "repair: {name} v{v}: {served} of {} replayed partitions served \
                  as replayed from this server's log, no other replica serves them",
                 parts.len()
             );
@@ -606,8 +647,8 @@ fn copy_pending(state: &NativeState, name: &str) {
             {
                 // No other replica serves it (a whole-cluster restart): what this server's own
                 // log holds is the best there is, and waiting would wait for itself.
-                eprintln!(
-                    "ramgrid-server: repair: {name} v{} partition {p}: served as replayed from this server's log, no other replica serves it ({})",
+                tracing::info!(
+                    "repair: {name} v{} partition {p}: served as replayed from this server's log, no other replica serves it ({})",
                     v.version,
                     if why.is_empty() {
                         "no other replica".to_string()
@@ -620,8 +661,8 @@ fn copy_pending(state: &NativeState, name: &str) {
             if !sources.is_empty() && gone == sources.len() {
                 // Every owner dropped it while this server was away.
                 let _ = state.tables.drop_version(name, v.version, true);
-                eprintln!(
-                    "ramgrid-server: repair: {name} v{} was dropped by its replicas: dropped here",
+                tracing::info!(
+                    "repair: {name} v{} was dropped by its replicas: dropped here",
                     v.version
                 );
                 break;
@@ -712,8 +753,8 @@ fn copy_one(
     r.copied_partitions.fetch_add(1, Ordering::Relaxed);
     r.copied_bytes
         .fetch_add(image.len() as u64, Ordering::Relaxed);
-    eprintln!(
-        "ramgrid-server: repair: copied {} v{version} ({}) partition {partition} from {src}: {items} items{}, {} bytes, {:.0} ms",
+    tracing::info!(
+        "repair: copied {} v{version} ({}) partition {partition} from {src}: {items} items{}, {} bytes, {:.0} ms",
         spec.name,
         if sealed { "sealed" } else { "open" },
         if dropped == 0 {

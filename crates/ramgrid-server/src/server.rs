@@ -93,16 +93,16 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         crate::metrics::check_addr(addr, config.insecure_no_auth).map_err(anyhow::Error::msg)?;
     }
     if !config.listen.ip().is_loopback() && config.token.is_none() {
-        eprintln!(
-            "ramgrid-server: WARNING: listening on {} with NO authentication (--insecure-no-auth)",
+        tracing::warn!(
+            "listening on {} with NO authentication (--insecure-no-auth)",
             config.listen
         );
     }
     let tls = crate::tls::load(config)?;
     if !config.listen.ip().is_loopback() && tls.is_none() {
-        eprintln!(
-            "ramgrid-server: WARNING: listening on {} WITHOUT TLS: the token and all data cross \
-             the network in clear text (see docs/tls.md: --tls-cert, --tls-key)",
+        tracing::warn!(
+            "listening on {} WITHOUT TLS: the token and all data cross the network in clear \
+             text (see docs/tls.md: --tls-cert, --tls-key)",
             config.listen
         );
     }
@@ -183,11 +183,14 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
     if let Some(path) = &config.cluster_spec {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read cluster spec {}", path.display()))?;
-        let spec = ClusterSpec::parse(&text)
+        let spec = ClusterSpec::parse_file(&text)
             .map_err(|e| anyhow::anyhow!("cluster spec {}: {e}", path.display()))?;
-        native
-            .install_spec(spec)
-            .map_err(|e| anyhow::anyhow!("cluster spec {}: {e}", path.display()))?;
+        let committed = native.meta.get().and_then(|m| m.committed_spec());
+        if crate::repair::use_spec_file(&native, &spec, committed.as_ref()) {
+            native
+                .install_spec(spec)
+                .map_err(|e| anyhow::anyhow!("cluster spec {}: {e}", path.display()))?;
+        }
     }
 
     if let Some(p) = &native.persist {
@@ -196,7 +199,7 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         let loaded = p.load(
             &native.tables,
             |spec| crate::native::held_partitions(cluster.as_ref(), spec),
-            |msg| eprintln!("ramgrid-server: data dir: {msg}"),
+            |msg| tracing::info!("data dir: {msg}"),
         );
         let mut marked = Vec::new();
         for l in loaded {
@@ -214,8 +217,8 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
                     l.replayed, l.log_records, l.log_bytes
                 )
             };
-            eprintln!(
-                "ramgrid-server: loaded table {:?}: versions {:?}, {} items, {} bytes{replayed}, \
+            tracing::info!(
+                "loaded table {:?}: versions {:?}, {} items, {} bytes{replayed}, \
                  {:.0} ms{}",
                 l.name,
                 l.versions,
@@ -275,6 +278,17 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
                 .spawn(move || accept_loop(listener, senders, shared, stopping))?,
         );
     }
+    tracing::info!(
+        listen = %addr,
+        threads,
+        table_memory = config.table_memory,
+        memory = config.memory,
+        data_dir = config.data_dir.as_ref().map(|d| d.display().to_string()),
+        auth = config.token.is_some(),
+        metrics = metrics_addr.map(|a| a.to_string()),
+        version = env!("CARGO_PKG_VERSION"),
+        "server started"
+    );
     Ok(ServerHandle {
         addr,
         metrics_addr,
@@ -301,7 +315,7 @@ fn accept_loop(
                     return;
                 }
                 // EMFILE and friends: back off instead of spinning; the server stays up.
-                eprintln!("ramgrid-server: accept failed: {e}");
+                tracing::warn!("accept failed: {e}");
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
@@ -314,6 +328,13 @@ fn accept_loop(
             // memcached's answer when it is out of connections; then close.
             reject(stream);
             shared.rejected_connections.fetch_add(1, Ordering::Relaxed);
+            if let Some(n) = REFUSED_AT_LIMIT.note() {
+                tracing::warn!(
+                    max_conns = shared.settings.max_conns,
+                    refused = n,
+                    "connections refused: --max-conns reached"
+                );
+            }
             continue;
         }
         shared.curr_connections.fetch_add(1, Ordering::Relaxed);
@@ -325,6 +346,9 @@ fn accept_loop(
         next = next.wrapping_add(1);
     }
 }
+
+/// Connections refused at `--max-conns`: one log line a second at most, with the count.
+static REFUSED_AT_LIMIT: crate::log::Throttle = crate::log::Throttle::new();
 
 fn reject(stream: TcpStream) {
     use std::io::Write;
@@ -349,7 +373,7 @@ fn worker_main(
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("ramgrid-server: cannot start worker runtime: {e}");
+            tracing::error!("cannot start worker runtime: {e}");
             return;
         }
     };
@@ -418,9 +442,8 @@ async fn handshake(
     let peer = sock.peer_addr().ok();
     let failed = |why: &dyn std::fmt::Display| {
         WorkerStats::add(&stats.tls_handshake_failures, 1);
-        if shared.verbosity.load(Ordering::Relaxed) > 0 {
-            eprintln!("ramgrid-server: TLS handshake with {peer:?} failed: {why}");
-        }
+        // At debug: a scanner or a misconfigured client would otherwise fill the log.
+        tracing::debug!(peer = ?peer, "TLS handshake failed: {why}");
         None
     };
     tokio::select! {

@@ -234,19 +234,19 @@ class _Runner:
 
 
 def _grid_items_per_server(grid: Any, keys: list[str]) -> list[int]:
-    """Keys held by each server as primary replica, computed from the partition map (the servers' own statistics do
-    not break table items down by server)."""
+    """Keys held by each server as primary replica, computed from the client's partition map (the servers' own
+    statistics do not break table items down by server)."""
     from ramgrid import _native
-    from ramgrid._wire import partition_map
 
-    desc = grid.table(TABLE).describe()
-    parts = int(desc["partitions"])
-    pmap = partition_map(list(grid.servers), parts, int(desc["replication"]))
+    client = grid._client()
+    owners = client.partition_owners(TABLE)
+    parts = len(owners)
+    index = {addr: i for i, addr in enumerate(client.servers())}
     pof = _native.partition_of
     per_part = np.bincount(np.fromiter((pof(k, parts) for k in keys), dtype=np.int64, count=len(keys)), minlength=parts)
-    out = [0] * len(grid.servers)
-    for p, reps in enumerate(pmap):
-        out[reps[0]] += int(per_part[p])
+    out = [0] * len(index)
+    for p, reps in enumerate(owners):
+        out[index[reps[0]]] += int(per_part[p])
     return out
 
 

@@ -85,6 +85,24 @@ def test_native_client_over_tls(tls_server: Any, certs: Path, table_name: str) -
         assert g.stats()[0]["curr_connections"] >= 1  # `stats` over the memcached text protocol, on TLS
 
 
+def test_pipelined_and_async_reads_over_tls(tls_server: Any, certs: Path, table_name: str) -> None:
+    # Pipelined frames go through the TLS record layer too (conn.rs send_more): never as plain bytes.
+    import asyncio
+
+    with ramgrid.connect([tls_server.addr], tls=ramgrid.TLS(ca=certs / "ca.pem")) as g:
+        t = g.create_table(table_name, partitions=8, value_type="f64")
+        keys = np.arange(20_000, dtype=np.int64)
+        t.put_many(keys, keys * 0.5)
+        batches = np.array_split(keys, 200)
+        got = list(t.get_many_batches(batches, depth=16))
+        assert all(np.array_equal(v, b * 0.5) for v, b in zip(got, batches))
+
+        async def many() -> list[Any]:
+            return await asyncio.gather(*(t.get_many_async(b) for b in batches))
+
+        assert all(np.array_equal(v, b * 0.5) for v, b in zip(asyncio.run(many()), batches))
+
+
 def test_memcached_protocols_over_tls(tls_server: Any, certs: Path) -> None:
     from pymemcache.client.base import Client as Memcache
 

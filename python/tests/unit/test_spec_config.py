@@ -20,6 +20,16 @@ def test_list_string_and_file_specs_agree(tmp_path: Path) -> None:
     assert parse_spec(f) == want
 
 
+def test_a_servers_spec_file_reads_the_same(tmp_path: Path) -> None:
+    # The servers' canonical form (`server host:port`) and bare addresses mix; one file serves both sides.
+    f = tmp_path / "spec"
+    f.write_text("server 10.0.0.1:11211\n10.0.0.2:11211\n")
+    assert parse_spec(str(f)) == ["10.0.0.1:11211", "10.0.0.2:11211"]
+    f.write_text("server 10.0.0.1:11211\ntoken s3cret\n")
+    with pytest.raises(ValueError, match=r"spec:2: a 'token' line is for servers"):
+        parse_spec(str(f))
+
+
 def test_order_is_kept() -> None:
     assert parse_spec("b:2,a:1") == ["b:2", "a:1"]
 

@@ -72,6 +72,12 @@ pub(crate) async fn serve(
                             auth_deadline = None;
                             continue;
                         }
+                        if outcome == auth::MemcacheAuth::Failed {
+                            tracing::warn!(
+                                protocol = "memcached",
+                                "authentication refused: wrong token"
+                            );
+                        }
                         // memcached drops what else was read (answering for it instead, if
                         // anything was) and waits for another try.
                         let more = start < end;

@@ -303,9 +303,10 @@ impl Installer {
             }
             match state.tables.set_current(name, version) {
                 Ok(()) => {
+                    tracing::info!(table = name, version, "current version switched");
                     if let Err(e) = state.sync_catalog(name) {
-                        eprintln!(
-                            "ramgrid-server: version {version} of {name} is current, but the \
+                        tracing::info!(
+                            "version {version} of {name} is current, but the \
                              catalog could not be written: {}",
                             e.message
                         );
@@ -313,9 +314,7 @@ impl Installer {
                     false
                 }
                 Err(e) => {
-                    eprintln!(
-                        "ramgrid-server: cannot make version {version} of {name} current: {e}"
-                    );
+                    tracing::error!("cannot make version {version} of {name} current: {e}");
                     true
                 }
             }

@@ -59,7 +59,7 @@ impl Events {
     fn note(&self, f: impl FnOnce(&mut EventsInner), what: String) {
         let mut e = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         f(&mut e);
-        eprintln!("ramgrid-server: {what}");
+        tracing::info!("{what}");
         e.last = what;
     }
 
@@ -153,7 +153,7 @@ impl Leader {
                         |_| {},
                         format!("undid the move to {:?}: {addr} stopped answering", t.target),
                     ),
-                    Err(e) => eprintln!("ramgrid-server: cannot undo the move: {e}"),
+                    Err(e) => tracing::error!("cannot undo the move: {e}"),
                 }
                 return;
             }
@@ -173,7 +173,7 @@ impl Leader {
                             |e| e.rejoins += 1,
                             format!("{} rejoined: {:?}", t.started_by, t.target),
                         ),
-                        Err(e) => eprintln!("ramgrid-server: cannot complete the rejoin: {e}"),
+                        Err(e) => tracing::error!("cannot complete the rejoin: {e}"),
                     }
                     return;
                 }
@@ -196,7 +196,7 @@ impl Leader {
                             silent.as_millis()
                         ),
                     ),
-                    Err(e) => eprintln!("ramgrid-server: fail-over of {addr} not done: {e}"),
+                    Err(e) => tracing::warn!("fail-over of {addr} not done: {e}"),
                 }
                 return;
             }
@@ -221,7 +221,7 @@ impl Leader {
                         |_| {},
                         format!("{addr} answers again: it rejoins, copying in what it will hold"),
                     ),
-                    Err(e) => eprintln!("ramgrid-server: rejoin of {addr} not begun: {e}"),
+                    Err(e) => tracing::warn!("rejoin of {addr} not begun: {e}"),
                 }
                 return;
             }
@@ -299,7 +299,7 @@ impl Leader {
                         format!("added {addr} (node {id}) to the metadata group as a learner"),
                     ),
                     Err(e) => {
-                        eprintln!("ramgrid-server: cannot add {addr} as a learner: {e}");
+                        tracing::error!("cannot add {addr} as a learner: {e}");
                         return;
                     }
                 }
@@ -325,7 +325,7 @@ impl Leader {
                     |e| e.membership_changes += 1,
                     format!("removed stale metadata group members {stale:?}"),
                 ),
-                Err(e) => eprintln!("ramgrid-server: cannot remove stale members: {e}"),
+                Err(e) => tracing::error!("cannot remove stale members: {e}"),
             }
             return;
         }
@@ -368,7 +368,7 @@ impl Leader {
                 |e| e.membership_changes += 1,
                 format!("metadata group voters are now {voters:?}"),
             ),
-            Err(e) => eprintln!("ramgrid-server: cannot change the voters: {e}"),
+            Err(e) => tracing::error!("cannot change the voters: {e}"),
         }
     }
 }

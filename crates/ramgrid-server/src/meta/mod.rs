@@ -176,6 +176,12 @@ fn node_id(dir: Option<&std::path::Path>, addr: &str) -> anyhow::Result<NodeId> 
 }
 
 impl Meta {
+    /// The spec the group committed, as this node knows it now (from its data directory at a
+    /// restart); `None` before it has learned one.
+    pub fn committed_spec(&self) -> Option<ClusterSpec> {
+        spec_of(&self.node.state())
+    }
+
     /// Stops the tasks and the runtime (in-process servers; a killed process just dies).
     pub fn shutdown(&self) {
         if let Some(tx) = self.stop.lock().unwrap_or_else(|p| p.into_inner()).take() {
@@ -474,7 +480,14 @@ fn command_for(ms: &MetaState, spec: &ClusterSpec) -> Result<Option<MetaCommand>
                 servers,
                 expect_epoch: Some(0),
             })),
-            Some(_) => Err(agreed()),
+            // A move before the group has agreed on a first spec: say so, not "another spec".
+            Some(_) => {
+                let mut r = agreed();
+                r.message = "the metadata group has not agreed on a first spec yet (it forms once every \
+                             server of the spec answers): retry when `ramgrid cluster status` names a leader"
+                    .into();
+                Err(r)
+            }
         };
     }
     match (spec.next(), &ms.transition) {
@@ -519,13 +532,13 @@ fn apply(state: &NativeState, meta: &Meta, ms: &MetaState) {
         r
     };
     if rejoined {
-        eprintln!(
-            "ramgrid-server: {} was failed over while away: copying in everything it holds again",
+        tracing::warn!(
+            "{} was failed over while away: copying in everything it holds again",
             meta.server_id
         );
     }
     if let Err(e) = crate::cluster::install_committed(state, spec, rejoined) {
-        eprintln!("ramgrid-server: cannot install the committed spec: {e}");
+        tracing::error!("cannot install the committed spec: {e}");
     }
 }
 
@@ -592,10 +605,7 @@ async fn catch_up(state: &NativeState, meta: &Meta) {
             apply(state, meta, &ms)
         });
         meta.stale.store(false, Ordering::Release);
-        eprintln!(
-            "ramgrid-server: {} caught up with the cluster",
-            meta.server_id
-        );
+        tracing::info!("{} caught up with the cluster", meta.server_id);
     }
 }
 
@@ -631,7 +641,7 @@ async fn bootstrap(state: &NativeState, meta: &Meta) {
     }
     let me = BTreeMap::from([(meta.node.id(), meta.server_id.clone())]);
     if let Err(e) = meta.node.initialize(me).await {
-        eprintln!("ramgrid-server: cannot form the metadata group: {e}");
+        tracing::error!("cannot form the metadata group: {e}");
         return;
     }
     let cmd = MetaCommand::SetServers {
@@ -639,10 +649,7 @@ async fn bootstrap(state: &NativeState, meta: &Meta) {
         expect_epoch: Some(0),
     };
     match meta.node.propose(cmd).await {
-        Ok(_) => eprintln!(
-            "ramgrid-server: formed the metadata group with spec epoch {:016x}",
-            c.epoch
-        ),
-        Err(e) => eprintln!("ramgrid-server: formed the metadata group; spec not set: {e}"),
+        Ok(_) => tracing::info!("formed the metadata group with spec epoch {:016x}", c.epoch),
+        Err(e) => tracing::info!("formed the metadata group; spec not set: {e}"),
     }
 }

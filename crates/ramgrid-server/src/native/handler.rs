@@ -70,6 +70,7 @@ impl Conn {
                 if let Some(token) = &state.token {
                     if !auth::token_matches(h.token, token) {
                         self.authed = false;
+                        tracing::warn!(protocol = "native", "authentication refused: wrong token");
                         return Err(ErrorReply::new(Status::AuthFailed, "wrong auth token"));
                     }
                 }

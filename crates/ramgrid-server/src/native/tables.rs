@@ -153,6 +153,18 @@ pub(super) fn answer(
                 }
             }
             r.map_err(|e| refusal(&e))?;
+            match req {
+                Request::SetCurrent(_) => {
+                    tracing::info!(table = v.table, version = n, "current version switched")
+                }
+                Request::SealVersion(_) => {
+                    tracing::debug!(table = v.table, version = n, "version sealed")
+                }
+                Request::DropVersion(_) => {
+                    tracing::info!(table = v.table, version = n, "version dropped")
+                }
+                _ => tracing::debug!(table = v.table, version = n, "version created"),
+            }
             if let (Request::DropVersion(_), Some(p)) = (req, &state.persist) {
                 p.drop_version(&state.tables, v.table, n)
                     .map_err(disk_refusal)?;
