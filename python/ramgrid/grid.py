@@ -331,26 +331,14 @@ class Grid:
         the usual connection errors if a server of either end cannot be reached (a move refused at the start is
         undone; one that fails later is resumed by asking for the same move again)."""
         report = dict(self._client().add_server(str(addr)))
-        log.info(
-            "added server %s: %s partitions copied in %.1f s",
-            addr,
-            report.get("partitions_copied"),
-            report.get("seconds", 0),
-        )
-        return report
+        return _logged_move("added", addr, report)
 
     def remove_server(self, addr: str) -> dict[str, Any]:
         """Moves every partition off the server at `addr` to the servers that hold it next, then drops `addr` from
         the spec; the server can be stopped afterwards. Returns the move report, as `add_server`. Raises
         ValueError if `addr` is not a member, or is the last one."""
         report = dict(self._client().remove_server(str(addr)))
-        log.info(
-            "removed server %s: %s partitions copied in %.1f s",
-            addr,
-            report.get("partitions_copied"),
-            report.get("seconds", 0),
-        )
-        return report
+        return _logged_move("removed", addr, report)
 
     def status(self) -> list[dict[str, Any]]:
         """Each server's view of the cluster (CLUSTER_STATUS), in spec order (both ends of a move in progress):
@@ -360,6 +348,17 @@ class Grid:
         A server that cannot be reached has "ok" False and "error" saying why. A restarted server has finished
         repairing when its "pending_partitions" is 0 and "catalog_learned" is 1."""
         return list(self._client().cluster_status())
+
+
+def _logged_move(verb: str, addr: str, report: dict[str, Any]) -> dict[str, Any]:
+    log.info(
+        "%s server %s: %s partitions copied in %.1f s",
+        verb,
+        addr,
+        report.get("partitions_copied"),
+        report.get("seconds", 0),
+    )
+    return report
 
 
 def _first_missing_key(keys: NativeKeys, found: np.ndarray) -> tuple[list[int], int, Any]:
