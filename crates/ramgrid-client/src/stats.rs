@@ -64,7 +64,10 @@ pub(crate) fn fetch(
         if line.trim_end() != "STORED" {
             return Err(Error::Auth {
                 server: addr.to_string(),
-                message: format!("the server refused the token for `stats`: {}", line.trim_end()),
+                message: format!(
+                    "the server refused the token for `stats`: {}",
+                    line.trim_end()
+                ),
             });
         }
     }
