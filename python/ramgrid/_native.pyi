@@ -30,6 +30,10 @@ class Client:
         near_cache_bytes: int = 0,  # near cache for pinned (sealed) versions; 0 = off
         pool_size: int = 4,  # idle connections kept per server
         call_timeout_ms: int = 30000,  # limit for a whole call, retries and failovers included
+        tls_ca: str | None = None,  # connect over TLS trusting this CA file (docs/tls.md)
+        tls_cert: str | None = None,  # client certificate, for servers with --tls-client-ca
+        tls_key: str | None = None,  # its private key
+        tls_server_name: str | None = None,  # the name the certificates carry; default: each server's host
     ) -> Client: ...
     def servers(self) -> list[str]: ...
     def epoch(self) -> int: ...
