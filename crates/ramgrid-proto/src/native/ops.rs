@@ -329,6 +329,11 @@ impl<'a> OpRequest<'a> {
             OpKind::KmeansStep => {
                 let components = r.u32("components")?;
                 let k = r.u32("centroid count")?;
+                // A step has at least one centroid of at least one component (and only then does
+                // `k` follow from the centroids, so that the frame re-encodes to itself).
+                if components == 0 || k == 0 {
+                    return Err(FrameError::Malformed("centroids"));
+                }
                 let n = (components as u64) * (k as u64);
                 let n = u32::try_from(n).map_err(|_| FrameError::Malformed("centroids"))?;
                 Operator::KmeansStep {
@@ -385,11 +390,12 @@ impl<'a> OpRequest<'a> {
                 components,
                 centroids,
             } => {
-                let k = if *components == 0 {
-                    0
-                } else {
-                    centroids.len() / *components as usize
-                };
+                if *components == 0 || centroids.is_empty() {
+                    return Err(FrameError::Encode(
+                        "a k-means step needs a centroid and a component",
+                    ));
+                }
+                let k = centroids.len() / *components as usize;
                 if k * *components as usize != centroids.len() {
                     return Err(FrameError::Encode("centroids are not k × components"));
                 }

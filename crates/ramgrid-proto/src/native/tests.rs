@@ -516,3 +516,20 @@ fn a_version_reference_with_an_explicit_zero_creator_is_malformed() {
         assert_eq!(v.creator, 7);
     }
 }
+
+#[test]
+fn kmeans_step_without_components_or_centroids_is_malformed() {
+    let data: [u8; 83] = [
+        167, 1, 64, 0, 67, 0, 0, 0, 44, 0, 0, 0, 86, 0, 0, 0, 4, 0, 114, 27, 119, 115, 3, 0, 0, 0,
+        0, 0, 0, 0, 0, 2, 1, 1, 2, 77, 195, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 254, 255, 1, 5, 0,
+        0, 200, 242, 128, 17, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 240, 63, 5, 0, 0, 0, 0, 0, 0,
+        0, 249,
+    ];
+    // A KMEANS_STEP of 0 components and k = 0xF9000005 decoded, then re-encoded with k = 0 (the
+    // native_frame fuzz target): a step with no component or no centroid is malformed.
+    let (frame, _) = parse_frame(&data, 1 << 16).unwrap();
+    assert!(matches!(
+        Request::decode(&frame),
+        Err(FrameError::Malformed("centroids"))
+    ));
+}
