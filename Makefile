@@ -21,7 +21,7 @@ setup: $(VENV)/.ok ## Install what the build and tests need (memcached, Rust com
 $(VENV)/.ok: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q maturin pytest pytest-timeout pymemcache hypothesis numpy xxhash pyarrow "dask[distributed]" matplotlib wordfreq tqdm pandas ruff mypy atheris prometheus-client scipy scikit-learn
+	$(PIP) install -q maturin pytest pytest-timeout pymemcache hypothesis numpy xxhash pyarrow "dask[distributed]" matplotlib wordfreq tqdm pandas ruff mypy atheris prometheus-client scipy scikit-learn fsspec requests
 	@touch $@
 
 develop: setup ## Build the Python package's native module (release) into the venv
@@ -32,6 +32,12 @@ build: ## Build release binaries (target/release/ramgrid-server, ramgrid-bench)
 
 demo: develop build ## Main job: the language-model experiment on an embedded local grid (out/lm: table, plots, JSON)
 	$(VENV)/bin/ramgrid demo lm --out out/lm
+
+hdfs-jars: setup ## Fetch Hadoop's MiniDFSCluster jars from Maven Central into scripts/hdfs/lib (needs Java 17, Maven)
+	PYTHONPATH=python $(PY) -c 'from ramgrid.fs.minihdfs import ensure_jars; print(ensure_jars())'
+
+hdfs-demo: develop build hdfs-jars ## File-system cache demo: a real MiniDFSCluster (WebHDFS) read through the grid
+	$(PY) examples/hdfs_cache.py
 
 compare: setup build ## Quick ramgrid vs memcached comparison under the same load generator
 	$(PY) benchmarks/memcached_compare.py --quick

@@ -1,0 +1,211 @@
+"""File blocks in the grid's evicting cache keyspace, reached with memcached's meta protocol.
+
+Each block lives on one server, chosen by rendezvous hashing of its key over the grid's servers, so every
+process that reads the same block asks the same server. The cache keyspace is bounded (`--memory`) and evicts
+by CLOCK (docs/ARCHITECTURE.md, "The cache keyspace"); a block that was evicted is a miss, and the reader
+fetches it from the file system again. A server that cannot be reached is skipped for `down_for` seconds: its
+blocks are misses, never errors. A block's key holds the file's identity, so a block is never served for a
+file that changed (the file gets new keys; old blocks are only evicted).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 64  # keys per pipelined request: bounds the replies a server composes for one write
+
+
+class _Conn:
+    """One socket to one server, used under a lock (Dask runs tasks in threads)."""
+
+    def __init__(self, addr: str, timeout: float) -> None:
+        host, port = addr.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.rfile = self.sock.makefile("rb", buffering=1 << 16)
+
+    def close(self) -> None:
+        try:
+            self.rfile.close()
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class BlockStore:
+    """get_many / set_many of byte blocks over a list of `host:port` servers (memcached meta protocol)."""
+
+    def __init__(self, servers: Sequence[str], timeout: float = 2.0, down_for: float = 5.0, ttl: int = 0) -> None:
+        if not servers:
+            raise ValueError("BlockStore needs at least one server")
+        self.servers = list(servers)
+        self.timeout = timeout
+        self.down_for = down_for
+        self.ttl = ttl
+        self._conns: dict[str, _Conn] = {}
+        self._locks: dict[str, threading.Lock] = {s: threading.Lock() for s in self.servers}
+        self._down_until: dict[str, float] = {}
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"servers": self.servers, "timeout": self.timeout, "down_for": self.down_for, "ttl": self.ttl}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(state["servers"], state["timeout"], state["down_for"], state["ttl"])  # type: ignore[misc]
+
+    def server_for(self, key: bytes) -> str:
+        """Rendezvous (highest random weight) hashing: adding or removing a server moves only its own keys."""
+        return max(self.servers, key=lambda s: hashlib.blake2b(s.encode() + b"\0" + key, digest_size=8).digest())
+
+    def _group(self, keys: Iterable[bytes]) -> dict[str, list[bytes]]:
+        out: dict[str, list[bytes]] = {}
+        for k in keys:
+            out.setdefault(self.server_for(k), []).append(k)
+        return out
+
+    def _conn(self, server: str) -> _Conn | None:
+        if os.getpid() != self._pid:  # a forked child never shares its parent's sockets
+            self._conns.clear()
+            self._locks = {s: threading.Lock() for s in self.servers}
+            self._pid = os.getpid()
+        if self._down_until.get(server, 0.0) > time.monotonic():
+            return None
+        c = self._conns.get(server)
+        if c is None:
+            try:
+                c = _Conn(server, self.timeout)
+            except OSError as e:
+                self._mark_down(server, e)
+                return None
+            self._conns[server] = c
+        return c
+
+    def _mark_down(self, server: str, err: BaseException) -> None:
+        log.warning(
+            "block cache server %s unreachable (%s); its blocks are misses for %.0f s", server, err, self.down_for
+        )
+        self._down_until[server] = time.monotonic() + self.down_for
+        c = self._conns.pop(server, None)
+        if c is not None:
+            c.close()
+
+    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        """The blocks found, by key; a miss or an unreachable server leaves the key out."""
+        found: dict[bytes, bytes] = {}
+        for server, ks in self._group(keys).items():
+            with self._locks[server]:
+                c = self._conn(server)
+                if c is None:
+                    continue
+                try:
+                    for i in range(0, len(ks), _CHUNK):
+                        self._get_chunk(c, ks[i : i + _CHUNK], found)
+                except (OSError, ValueError) as e:
+                    self._mark_down(server, e)
+        return found
+
+    @staticmethod
+    def _get_chunk(c: _Conn, ks: list[bytes], found: dict[bytes, bytes]) -> None:
+        c.sock.sendall(b"".join(b"mg " + k + b" v\r\n" for k in ks))
+        for k in ks:
+            line = c.rfile.readline()
+            if line.startswith(b"VA "):
+                n = int(line.split()[1])
+                data = c.rfile.read(n + 2)
+                if len(data) != n + 2:
+                    raise ValueError("connection closed mid-value")
+                found[k] = data[:n]
+            elif not line.startswith(b"EN"):
+                raise ValueError(f"unexpected reply to mg: {line[:80]!r}")
+
+    def set_many(self, items: dict[bytes, bytes]) -> None:
+        """Stores blocks (quietly: a full or unreachable server stores nothing and is not an error)."""
+        for server, ks in self._group(items).items():
+            with self._locks[server]:
+                c = self._conn(server)
+                if c is None:
+                    continue
+                try:
+                    t = f" T{self.ttl}".encode() if self.ttl else b""
+                    for i in range(0, len(ks), _CHUNK):
+                        parts = []
+                        for k in ks[i : i + _CHUNK]:
+                            v = items[k]
+                            parts += [b"ms ", k, b" ", str(len(v)).encode(), t, b" q\r\n", v, b"\r\n"]
+                        parts.append(b"mn\r\n")
+                        c.sock.sendall(b"".join(parts))
+                        while True:  # quiet mode: only failures (NS, SERVER_ERROR) are answered before MN
+                            line = c.rfile.readline()
+                            if not line:
+                                raise ValueError("connection closed")
+                            if line.startswith(b"MN"):
+                                break
+                            log.debug("block cache store refused on %s: %r", server, line[:80])
+                except (OSError, ValueError) as e:
+                    self._mark_down(server, e)
+
+    def delete_many(self, keys: Sequence[bytes]) -> None:
+        for server, ks in self._group(keys).items():
+            with self._locks[server]:
+                c = self._conn(server)
+                if c is None:
+                    continue
+                try:
+                    c.sock.sendall(b"".join(b"md " + k + b" q\r\n" for k in ks) + b"mn\r\n")
+                    while not c.rfile.readline().startswith(b"MN"):
+                        pass
+                except (OSError, ValueError) as e:
+                    self._mark_down(server, e)
+
+    def close(self) -> None:
+        for c in self._conns.values():
+            c.close()
+        self._conns.clear()
+
+    def __del__(self) -> None:
+        if getattr(self, "_pid", None) == os.getpid():  # a forked child's copies belong to the parent
+            self.close()
+
+
+class NearCache:
+    """A small per-process LRU of byte values bounded by their total size."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._d: OrderedDict[bytes, bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: bytes) -> bytes | None:
+        with self._lock:
+            v = self._d.get(key)
+            if v is not None:
+                self._d.move_to_end(key)
+            return v
+
+    def put(self, key: bytes, value: bytes) -> None:
+        if len(value) > self.max_bytes:
+            return
+        with self._lock:
+            old = self._d.pop(key, None)
+            if old is not None:
+                self._bytes -= len(old)
+            self._d[key] = value
+            self._bytes += len(value)
+            while self._bytes > self.max_bytes:
+                _, v = self._d.popitem(last=False)
+                self._bytes -= len(v)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self._bytes = 0
