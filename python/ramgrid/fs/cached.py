@@ -15,6 +15,7 @@ import hashlib
 import logging
 import os
 import posixpath
+import threading
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -113,6 +114,10 @@ class CachedFileSystem(_Base):
         self._meta: MetaCache | None = None
         self.blocks = BlockStore(self.grid.servers)
         self.near = NearCache(near_cache_bytes)
+        self.verify_batch, self.verify_delay = 32, 1.0
+        self._pending: dict[tuple[str, str], dict[bytes, bytes]] = {}
+        self._pending_lock = threading.Lock()
+        self._timer: threading.Timer | None = None
         self.counters = {"block_near": 0, "block_grid": 0, "block_fs": 0, "meta_fs": 0, "changed": 0}
 
     # --- plumbing
@@ -226,6 +231,8 @@ class CachedFileSystem(_Base):
         ident = identity(info)
         if ident is None:
             return self._fetch(path, start, end)
+        if self._has_pending(path, ident):
+            self.flush_pending()  # its read-ahead blocks wait there: confirm and store them first
         bs = self.block_size
         first, last = start // bs, (end - 1) // bs
         last_ra = min(last + readahead, (size - 1) // bs)
@@ -252,26 +259,88 @@ class CachedFileSystem(_Base):
             lo = missing[0]
             hi = max(n for n in keys if n not in blocks)
             data = self._fetch(path, lo * bs, min((hi + 1) * bs, size))
-            fresh = self._fs_identity(path)
-            if fresh != ident or len(data) != min((hi + 1) * bs, size) - lo * bs:
+            fetched = {keys[n]: data[(n - lo) * bs : (n - lo + 1) * bs] for n in range(lo, hi + 1) if n not in blocks}
+            self.counters["block_fs"] += sum(1 for n in range(lo, last + 1) if n not in blocks)
+            if lo == first and not pinned:
+                # The whole answer comes from this one request, exactly as an uncached read: return it now and
+                # confirm the identity later, in a batch with other files' (one LISTSTATUS per directory).
+                self._defer(path, ident, fetched)
+                return data[start - lo * bs : end - lo * bs]
+            # The answer joins cached blocks (or must be the pinned version): confirm the identity first.
+            if self._fs_identity(path) != ident or len(data) != min((hi + 1) * bs, size) - lo * bs:
                 self.counters["changed"] += 1
                 self.invalidate(path)
                 if pinned:
                     raise FileChangedError(f"{path} changed since the snapshot was taken")
-                # Not cached: these are the bytes the file system has now, as an uncached read would return.
-                return data[start - lo * bs : end - lo * bs]
-            fetched: dict[bytes, bytes] = {}
+                # Cached blocks are of the old version: read the range whole from the file system, uncached.
+                return self._fetch(path, start, end)
+            self._store(fetched)
             for n in range(lo, hi + 1):
-                b = data[(n - lo) * bs : (n - lo + 1) * bs]
-                if n not in blocks:
-                    fetched[keys[n]] = b
-                    self.near.put(keys[n], b)
-                    if n <= last:
-                        self.counters["block_fs"] += 1
-                blocks[n] = b
-            self.blocks.set_many(fetched)
+                blocks[n] = data[(n - lo) * bs : (n - lo + 1) * bs]
         out = b"".join(blocks[n] for n in range(first, last + 1))
         return out[start - first * bs : end - first * bs]
+
+    def _store(self, blocks: dict[bytes, bytes]) -> None:
+        for k, v in blocks.items():
+            self.near.put(k, v)
+        self.blocks.set_many(blocks)
+
+    def _defer(self, path: str, ident: str, blocks: dict[bytes, bytes]) -> None:
+        """Holds blocks read from the file system until their file's identity is confirmed (`flush_pending`)."""
+        with self._pending_lock:
+            self._pending.setdefault((path, ident), {}).update(blocks)
+            n = len(self._pending)
+            if self._timer is None and n < self.verify_batch:
+                self._timer = threading.Timer(self.verify_delay, self._flush_in_background)
+                self._timer.daemon = True
+                self._timer.start()
+        if n >= self.verify_batch:
+            self.flush_pending()
+
+    def _flush_in_background(self) -> None:
+        try:
+            self.flush_pending()
+        except Exception:  # a timer thread has no caller to raise to; the blocks are simply not stored
+            log.exception("confirming read blocks failed")
+
+    def _has_pending(self, path: str, ident: str) -> bool:
+        with self._pending_lock:
+            return (path, ident) in self._pending
+
+    def flush_pending(self) -> None:
+        """Confirms the identity of every file with blocks read but not yet stored, in batches: one LISTSTATUS
+        per directory with several such files (it refreshes their metadata too), one status request otherwise;
+        stores the blocks of unchanged files and drops the rest."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, {}
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        if not pending:
+            return
+        by_dir: dict[str, list[tuple[str, str]]] = {}
+        for path, ident in pending:
+            by_dir.setdefault(_parent(path), []).append((path, ident))
+        confirmed: dict[bytes, bytes] = {}
+        for d, items in by_dir.items():
+            now: dict[str, str | None] = {}
+            try:
+                if len(items) >= 4:
+                    gen = self.meta.current_gen()
+                    now = {e["name"]: identity(e) for e in self._fetch_listing(d, gen)}
+                else:
+                    now = {p: self._fs_identity(p) for p, _ in items}
+            except OSError as e:
+                log.debug("could not confirm %d files in %s (%s); their blocks are not stored", len(items), d, e)
+                continue
+            for path, ident in items:
+                if now.get(path) == ident:
+                    confirmed.update(pending[(path, ident)])
+                else:
+                    self.counters["changed"] += 1
+                    self.invalidate(path)
+        if confirmed:
+            self._store(confirmed)
 
     def _fetch(self, path: str, start: int, end: int) -> bytes:
         data: bytes = self.target.cat_file(path, start=start, end=end)

@@ -16,7 +16,7 @@ from typing import Any
 import fsspec
 import pytest
 import ramgrid
-from ramgrid.fs import CachedFileSystem, FileChangedError
+from ramgrid.fs import CachedFileSystem, FileChangedError, identity
 from ramgrid.fs.minihdfs import MiniHDFS
 
 pytestmark = pytest.mark.hdfs
@@ -131,6 +131,22 @@ def test_external_change_seen_within_ttl(target: Any, fsgrid: Any, base: str) ->
         changed_at = time.time()
 
 
+def test_blocks_read_during_a_change_are_never_stored(target: Any, fsgrid: Any, base: str) -> None:
+    path = f"{base}/r.bin"
+    target.pipe_file(path, b"1" * 200_000)
+    fs = cached(target, fsgrid, ttl=600)
+    old = fs.info(path)
+    assert fs.cat_file(path) == b"1" * 200_000  # returned at once; stored only once its identity is confirmed
+    target.pipe_file(path, b"2" * 200_000)  # same size, new file: changed before the confirmation
+    fs.flush_pending()
+    assert fs.counters["changed"] == 1
+    old_keys = [fs._block_key(path, identity(old), n) for n in range(4)]
+    assert fs.blocks.get_many(old_keys) == {}  # nothing stored under the old identity
+    assert fs.cat_file(path) == b"2" * 200_000  # the metadata was dropped too
+    fs.flush_pending()
+    assert len(fs.blocks.get_many([fs._block_key(path, identity(fs.info(path)), n) for n in range(4)])) == 4
+
+
 def test_writes_through_the_cache_invalidate_at_once(target: Any, fsgrid: Any, base: str) -> None:
     fs = cached(target, fsgrid, ttl=600)  # nothing expires during the test: only invalidation can refresh
     peer = cached(target, fsgrid, table=fs.table_name, ttl=600, near_ttl=0)
@@ -224,3 +240,48 @@ def test_dask_reads_a_directory_through_the_cache(hdfs: MiniHDFS, fsgrid: Any, t
         df = dd.read_csv(f"{url}/*.csv", names=["i", "j"], header=None, storage_options=opts).compute()
     assert lines == 200
     assert len(df) == 200 and int(df["j"].sum()) == 4 * sum(range(50))
+
+
+def _read_all(fs: CachedFileSystem, paths: list[str]) -> dict[str, Any]:
+    """A Dask task: this worker's reads of `paths` and where their blocks came from."""
+    before = dict(fs.counters)
+    data = [fs.cat_file(p) for p in paths]
+    fs.flush_pending()
+    return {"data": data, **{k: fs.counters[k] - before[k] for k in before}}
+
+
+@pytest.mark.slow
+def test_a_block_read_by_one_dask_worker_is_served_to_another_from_the_grid(
+    target: Any, fsgrid: Any, base: str
+) -> None:
+    distributed = pytest.importorskip("distributed")
+    paths = [f"{base}/s{i}" for i in range(20)]
+    for i, p in enumerate(paths):
+        target.pipe_file(p, f"file {i}\n".encode() * 100)
+    fs = cached(target, fsgrid)
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        a, b = sorted(client.scheduler_info()["workers"])
+        first = client.submit(_read_all, fs, paths, workers=[a], pure=False).result()
+        second = client.submit(_read_all, fs, paths, workers=[b], pure=False).result()
+    expected = [f"file {i}\n".encode() * 100 for i in range(20)]
+    assert first["data"] == expected == second["data"]
+    assert first["block_fs"] == 20
+    assert second["block_fs"] == 0 and second["block_grid"] == 20
+
+
+@pytest.mark.slow
+def test_example_runs() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "hdfs_cache_example", Path(__file__).resolve().parents[3] / "examples" / "hdfs_cache.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.main(["--files", "6", "--rows", "50", "--workers", "0"])
+    assert set(out) == {"dask_pass1_s", "dask_pass2_s"}
