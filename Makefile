@@ -16,6 +16,10 @@ setup: $(VENV)/.ok ## Install what the build and tests need (memcached, Rust com
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq memcached) >/dev/null; }
 	@command -v openssl >/dev/null || { echo "installing openssl (apt; the TLS tests make their CA with it)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl) >/dev/null; }
+	@command -v java >/dev/null || { echo "installing Java 17 (apt; the file-system cache's tests start HDFS)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jdk-headless) >/dev/null; }
+	@command -v mvn >/dev/null || { echo "installing Maven (apt; it fetches Hadoop's MiniDFSCluster jars)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven) >/dev/null; }
 	@rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
 $(VENV)/.ok: pyproject.toml Makefile
@@ -42,7 +46,7 @@ hdfs-demo: develop build hdfs-jars ## File-system cache demo: a real MiniDFSClus
 compare: setup build ## Quick ramgrid vs memcached comparison under the same load generator
 	$(PY) benchmarks/memcached_compare.py --quick
 
-test: develop build ## All default tests: Rust unit/property/conformance (ramgrid and real memcached), Python tests
+test: develop build hdfs-jars ## All default tests: Rust unit/property/conformance (ramgrid and real memcached), Python tests (HDFS ones on a MiniDFSCluster)
 	$(CARGO) test --workspace
 	bash scripts/conformance_memcached.sh
 	$(PY) -m pytest python/tests

@@ -8,7 +8,8 @@ ramgrid.fs (this process's near caches on: the steady state of one worker); ramg
 off: what another worker pays for an entry or block that one worker fetched); fsspec blockcache and simplecache
 (local disk, per process; they do not cache listings). Figures: mean, p99 and standard deviation in ms.
 (3) A Dask LocalCluster with 2 worker processes reads the same `--small-files` files twice; in pass 2 each file is
-read by the other worker than in pass 1, so a cached block can only come from the grid. Printed as a markdown table.
+read by the other worker than in pass 1, so a cached block can only come from the grid. (4) What a miss costs: first reads of `--cold-files` distinct small files, uncached vs ramgrid (interleaved files
+of one directory). Printed as markdown tables.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--small-files", type=int, default=1000)
+    parser.add_argument("--cold-files", type=int, default=200, help="distinct files read once each (misses)")
     parser.add_argument("--out", default=None, help="also write the table to this file")
     args = parser.parse_args(argv)
     lines = [f"command: {' '.join([sys.executable.split('/')[-1], *sys.argv])}", ""]
@@ -121,6 +123,20 @@ def main(argv: list[str] | None = None) -> None:
             )
             print(lines[-1], flush=True)
         lines += ["", "(%) = latency reduction of the mean against uncached", ""]
+
+        # What the cache costs when it cannot help: every read a miss (distinct files never read before).
+        hdfs_fs.makedirs("/bench/cold", exist_ok=True)
+        cold = [f"/bench/cold/c{i:04d}" for i in range(2 * args.cold_files)]
+        for p in cold:
+            hdfs_fs.pipe_file(p, b"y" * 100)
+        miss_fs = CachedFileSystem(hdfs_fs, grid, skip_instance_cache=True, table="bench_cold")
+        lines += ["| first reads (all misses), 100-byte files | mean ms | p99 | stddev |", "|---|---|---|---|"]
+        for name, fs, files in (("uncached", hdfs_fs, cold[::2]), ("ramgrid", miss_fs, cold[1::2])):
+            it = iter(files)
+            st = summary(timed(lambda fs=fs, it=it: fs.cat_file(next(it)), len(files) - 1))
+            lines.append(f"| {name} | {st[0]:.3f} | {st[1]:.3f} | {st[2]:.3f} |")
+            print(lines[-1], flush=True)
+        lines.append("")
 
         hdfs_fs.makedirs("/bench/small", exist_ok=True)
         paths = [f"/bench/small/s{i:05d}.txt" for i in range(args.small_files)]

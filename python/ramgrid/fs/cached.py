@@ -210,12 +210,20 @@ class CachedFileSystem(_Base):
         return v
 
     def invalidate(self, path: str, tree: bool = False) -> None:
-        """Drops the cached metadata of `path` and its parent's listing (`tree`: of everything)."""
+        """Drops the cached metadata of `path` and of every directory above it (a write may have created them,
+        and changes their listings and modification times); `tree`: of every path (a directory moved or removed)."""
         path = self._strip_protocol(path)
         if tree:
             self.meta.invalidate_all()
-        else:
-            self.meta.invalidate(["i:" + path, "l:" + path, "l:" + _parent(path)])
+            return
+        keys = []
+        p = path
+        while True:
+            keys += ["i:" + p, "l:" + p]
+            if p == _parent(p):
+                break
+            p = _parent(p)
+        self.meta.invalidate(keys)
 
     # --- blocks
 
@@ -405,7 +413,7 @@ class CachedFileSystem(_Base):
         try:
             self.target.rmdir(path)
         finally:
-            self.invalidate(path, tree=True)
+            self.invalidate(path)
 
     def mv(self, path1: Any, path2: Any, recursive: bool = False, maxdepth: int | None = None, **kwargs: Any) -> None:
         try:
@@ -442,13 +450,13 @@ class CachedFileSystem(_Base):
         try:
             self.target.mkdir(path, create_parents=create_parents, **kwargs)
         finally:
-            self.invalidate(path, tree=create_parents)
+            self.invalidate(path)
 
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
         try:
             self.target.makedirs(path, exist_ok=exist_ok)
         finally:
-            self.invalidate(path, tree=True)
+            self.invalidate(path)
 
     def _invalidate_paths(self, path: Any, tree: bool) -> None:
         paths = path if isinstance(path, list) else [path]
