@@ -191,6 +191,7 @@ class CachedFileSystem(_Base):
         """One LISTSTATUS of the parent refreshes the path and all its siblings; the root asks for itself."""
         parent = _parent(path)
         if parent != path:
+            fetched_at = time.time()  # before the request: a negative entry is no younger than the listing
             try:
                 entries = self._fetch_listing(parent, gen)
             except FileNotFoundError:
@@ -198,7 +199,7 @@ class CachedFileSystem(_Base):
             for e in entries:
                 if e["name"] == path:
                     return e
-            self.meta.put_many({"i:" + path: None}, time.time(), gen)
+            self.meta.put_many({"i:" + path: None}, fetched_at, gen)
             return None
         fetched_at = time.time()
         self.counters["meta_fs"] += 1

@@ -1,0 +1,98 @@
+"""ramgrid.fs pieces that need no HDFS: the block store on real servers (meta protocol), the near cache, file
+identity, URL handling, and the cache over fsspec's local file system (mtime as the change marker)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+import ramgrid
+from ramgrid.fs import CachedFileSystem, identity
+from ramgrid.fs._blocks import BlockStore, NearCache
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def grid2() -> Iterator[ramgrid.LocalGrid]:
+    with ramgrid.local(servers=2, memory="32MiB", extra_args=["--memory", "16MiB"]) as g:
+        yield g
+
+
+def test_block_store_round_trip_and_eviction(grid2: Any) -> None:
+    store = BlockStore(grid2.servers)
+    items = {f"k{os.getpid()}-{i}".encode(): os.urandom(1000 + i) for i in range(200)}
+    store.set_many(items)
+    assert store.get_many(list(items)) == items
+    assert {store.server_for(k) for k in items} == set(grid2.servers)  # spread over both servers
+    store.delete_many(list(items)[:10])
+    assert set(store.get_many(list(items))) == set(list(items)[10:])
+    # Far more than --memory (16 MiB per server): the servers evict, nothing fails, what is found is exact.
+    big = {f"big{os.getpid()}-{i}".encode(): bytes([i % 251]) * 500_000 for i in range(100)}
+    store.set_many(big)
+    found = store.get_many(list(big))
+    assert 0 < len(found) < len(big)
+    assert all(v == big[k] for k, v in found.items())
+    store.close()
+
+
+def test_block_store_unreachable_server_is_a_miss() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: connection refused
+        store = BlockStore([dead], timeout=0.5)
+        store.set_many({b"a": b"1"})
+        assert store.get_many([b"a"]) == {}
+    with pytest.raises(ValueError, match="at least one server"):
+        BlockStore([])
+
+
+def test_near_cache_is_bounded() -> None:
+    near = NearCache(1000)
+    for i in range(20):
+        near.put(str(i).encode(), b"x" * 100)
+    assert near.get(b"0") is None and near.get(b"19") == b"x" * 100
+    near.put(b"huge", b"x" * 2000)  # larger than the whole cache: not kept
+    assert near.get(b"huge") is None
+
+
+def test_identity() -> None:
+    hdfs = {"size": 3, "fileId": 16387, "modificationTime": 1795698917204, "accessTime": 1}
+    assert identity(hdfs) == identity(dict(hdfs, accessTime=2))  # reading a file does not change it
+    assert identity(hdfs) != identity(dict(hdfs, fileId=16388))
+    assert identity(hdfs) != identity(dict(hdfs, modificationTime=1795698917205))
+    assert identity({"size": 3, "mtime": 1.5}) != identity({"size": 4, "mtime": 1.5})
+    assert identity({"size": 3}) is None  # no change marker: no block caching
+
+
+def test_strip_protocol() -> None:
+    strip = CachedFileSystem._strip_protocol
+    assert strip("ramgrid::webhdfs://h:9870/a/b.csv") == "/a/b.csv"
+    assert strip("ramgrid://a/b") == "/a/b"
+    assert strip("/a/b/") == "/a/b"
+    assert strip("ramgrid") == ""
+
+
+def test_cache_over_the_local_file_system(grid2: Any, tmp_path: Path) -> None:
+    local = fsspec.filesystem("file")
+    data = os.urandom(300_000)
+    (tmp_path / "a.bin").write_bytes(data)
+    fs = CachedFileSystem(
+        local, grid2, table=f"fslocal_{next(_names)}", block_size=64 * 1024, ttl=600, skip_instance_cache=True
+    )
+    path = str(tmp_path / "a.bin")
+    for _ in range(2):
+        assert fs.cat_file(path) == data
+        assert fs.cat_file(path, 70_000, 200_000) == data[70_000:200_000]
+    assert fs.counters["block_fs"] == 5
+    fs.pipe_file(path, b"new")
+    assert fs.cat_file(path) == b"new"
+    assert fs.ls(str(tmp_path), detail=False) == [path]
+    fs.rm(path)
+    assert not fs.exists(path)
