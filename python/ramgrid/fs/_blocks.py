@@ -55,6 +55,7 @@ class BlockStore:
         self._locks: dict[str, threading.Lock] = {s: threading.Lock() for s in self.servers}
         self._down_until: dict[str, float] = {}
         self._pid = os.getpid()
+        self._warned_size = False
 
     def __getstate__(self) -> dict[str, object]:
         return {"servers": self.servers, "timeout": self.timeout, "down_for": self.down_for, "ttl": self.ttl}
@@ -149,6 +150,10 @@ class BlockStore:
                                 raise ValueError("connection closed")
                             if line.startswith(b"MN"):
                                 break
+                            if b"too large" in line and not self._warned_size:
+                                self._warned_size = True
+                                log.warning("%s refuses blocks as too large (%r): use a block size below its "
+                                            "--max-item-size", server, line[:80])  # fmt: skip
                             log.debug("block cache store refused on %s: %r", server, line[:80])
                 except (OSError, ValueError) as e:
                     self._mark_down(server, e)

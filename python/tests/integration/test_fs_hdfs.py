@@ -114,10 +114,10 @@ def test_external_change_seen_within_ttl(target: Any, fsgrid: Any, base: str) ->
     fs = cached(target, fsgrid, ttl=ttl, near_ttl=0.2)
     assert fs.cat_file(path) == b"old contents"
     assert fs.ls(base, detail=False) == [path]
-    changed_at = time.time()
     for new in [b"new contents", b"newer, longer contents"]:  # same size (new fileId), then another size
         target.pipe_file(path, new)
         target.pipe_file(f"{base}/added-{len(new)}.txt", b"1")
+        changed_at = time.time()  # both changes are complete: the bound runs from here at the latest
         while True:
             got = fs.cat_file(path)
             if time.time() - changed_at > ttl:
@@ -128,7 +128,6 @@ def test_external_change_seen_within_ttl(target: Any, fsgrid: Any, base: str) ->
         assert f"{base}/added-{len(new)}.txt" in fs.ls(base, detail=False)
         with fs.open(path) as f:
             assert f.read() == new
-        changed_at = time.time()
 
 
 def test_blocks_read_during_a_change_are_never_stored(target: Any, fsgrid: Any, base: str) -> None:
