@@ -270,7 +270,7 @@ class CachedFileSystem(_Base):
             data = self._fetch(path, lo * bs, min((hi + 1) * bs, size))
             fetched = {keys[n]: data[(n - lo) * bs : (n - lo + 1) * bs] for n in range(lo, hi + 1) if n not in blocks}
             self.counters["block_fs"] += sum(1 for n in range(lo, last + 1) if n not in blocks)
-            if lo == first and not pinned:
+            if lo == first and hi >= last and not pinned:
                 # The whole answer comes from this one request, exactly as an uncached read: return it now and
                 # confirm the identity later, in a batch with other files' (one LISTSTATUS per directory).
                 self._defer(path, ident, fetched)
