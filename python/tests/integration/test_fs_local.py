@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,3 +114,36 @@ def test_a_read_whose_tail_is_cached_joins_the_cached_blocks(grid2: Any, tmp_pat
     fs.flush_pending()
     assert fs.cat_file(path, 1000, 5 * bs - 10) == data[1000 : 5 * bs - 10]  # blocks 0-2 missing, 3-4 cached
     assert fs.counters["block_grid"] == 2
+
+
+def test_random_ranges_over_random_cache_states_are_exact(grid2: Any, tmp_path: Path) -> None:
+    """Every mix of blocks in the near cache, in the grid and missing, read sequentially or at random: exact."""
+    rng = random.Random(11)
+    local = fsspec.filesystem("file")
+    bs = 4096
+    for i in range(40):
+        data = rng.randbytes(rng.randrange(1, 7 * bs))
+        path = str(tmp_path / f"r{i}.bin")
+        Path(path).write_bytes(data)
+        fs = CachedFileSystem(
+            local,
+            grid2,
+            table=f"fslocal_{next(_names)}",
+            block_size=bs,
+            readahead=rng.randrange(0, 3),
+            near_cache_bytes=rng.choice([0, 1 << 20]),
+            skip_instance_cache=True,
+        )
+        for n in range(7):  # cache a random subset of the blocks
+            if rng.random() < 0.4:
+                assert fs.cat_file(path, n * bs, (n + 1) * bs) == data[n * bs : (n + 1) * bs]
+        if rng.random() < 0.5:
+            fs.flush_pending()
+        for _ in range(5):
+            a, b = sorted(rng.randrange(0, len(data) + 1) for _ in range(2))
+            assert fs.cat_file(path, a, b) == data[a:b]
+        with fs.open(path) as f:
+            got = b""
+            while chunk := f.read(rng.randrange(1, 3 * bs)):
+                got += chunk
+        assert got == data
