@@ -14,24 +14,63 @@ import hashlib
 import logging
 import os
 import socket
+import ssl
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ramgrid.tls import TLS
 
 log = logging.getLogger(__name__)
 
 _CHUNK = 64  # keys per pipelined request: bounds the replies a server composes for one write
 
 
-class _Conn:
-    """One socket to one server, used under a lock (Dask runs tasks in threads)."""
+class AuthRefused(Exception):
+    """The server refused the grid's token: a setting to fix, not a server that is down."""
 
-    def __init__(self, addr: str, timeout: float) -> None:
+
+def _tls_context(tls: TLS) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=tls.ca)
+    if tls.cert is not None:
+        ctx.load_cert_chain(tls.cert, tls.key)
+    return ctx
+
+
+class _Conn:
+    """One socket to one server, used under a lock (Dask runs tasks in threads). Speaks TLS and authenticates
+    with the grid's token as the grid's own clients do (docs/tls.md; memcached's text-protocol authentication:
+    a `set` whose data is `<user> <token>`, answered STORED)."""
+
+    def __init__(self, addr: str, timeout: float, token: str | None, tls: TLS | None) -> None:
         host, port = addr.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            try:
+                sock = _tls_context(tls).wrap_socket(sock, server_hostname=tls.server_name or host)
+            except BaseException:
+                sock.close()
+                raise
+        self.sock = sock
         self.rfile = self.sock.makefile("rb", buffering=1 << 16)
+        if token is not None:
+            data = f"ramgrid {token}".encode()
+            self.sock.sendall(b"set auth 0 0 %d\r\n%s\r\n" % (len(data), data))
+            try:
+                line = self.rfile.readline()
+            except BaseException:
+                self.close()
+                raise
+            if not line:  # e.g. TLS 1.3: a refused client certificate shows on the first read
+                self.close()
+                raise ConnectionError(f"{addr} closed the connection during authentication")
+            if line.rstrip() != b"STORED":
+                self.close()
+                raise AuthRefused(f"{addr} refused the grid's token: {line[:80]!r}")
 
     def close(self) -> None:
         try:
@@ -44,10 +83,20 @@ class _Conn:
 class BlockStore:
     """get_many / set_many of byte blocks over a list of `host:port` servers (memcached meta protocol)."""
 
-    def __init__(self, servers: Sequence[str], timeout: float = 2.0, down_for: float = 5.0, ttl: int = 0) -> None:
+    def __init__(
+        self,
+        servers: Sequence[str],
+        timeout: float = 2.0,
+        down_for: float = 5.0,
+        ttl: int = 0,
+        token: str | None = None,
+        tls: TLS | None = None,
+    ) -> None:
         if not servers:
             raise ValueError("BlockStore needs at least one server")
         self.servers = list(servers)
+        self.token = token
+        self.tls = tls
         self.timeout = timeout
         self.down_for = down_for
         self.ttl = ttl
@@ -58,10 +107,17 @@ class BlockStore:
         self._warned_size = False
 
     def __getstate__(self) -> dict[str, object]:
-        return {"servers": self.servers, "timeout": self.timeout, "down_for": self.down_for, "ttl": self.ttl}
+        return {
+            "servers": self.servers,
+            "timeout": self.timeout,
+            "down_for": self.down_for,
+            "ttl": self.ttl,
+            "token": self.token,
+            "tls": self.tls,
+        }
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(state["servers"], state["timeout"], state["down_for"], state["ttl"])  # type: ignore[misc]
+        self.__init__(**state)  # type: ignore[misc]
 
     def server_for(self, key: bytes) -> str:
         """Rendezvous (highest random weight) hashing: adding or removing a server moves only its own keys."""
@@ -83,7 +139,12 @@ class BlockStore:
         c = self._conns.get(server)
         if c is None:
             try:
-                c = _Conn(server, self.timeout)
+                c = _Conn(server, self.timeout, self.token, self.tls)
+            except AuthRefused as e:
+                # Every block would be a miss, so say it loudly (once per `down_for`), not as a server down.
+                log.error("block cache disabled on %s: %s", server, e)
+                self._down_until[server] = time.monotonic() + self.down_for
+                return None
             except OSError as e:
                 self._mark_down(server, e)
                 return None

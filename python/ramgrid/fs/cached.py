@@ -112,7 +112,7 @@ class CachedFileSystem(_Base):
         self.ttl, self.near_ttl, self.block_size, self.readahead = ttl, near_ttl, block_size, readahead
         self.table_name = table
         self._meta: MetaCache | None = None
-        self.blocks = BlockStore(self.grid.servers)
+        self.blocks = BlockStore(self.grid.servers, token=self.grid.config.token, tls=self.grid.config.tls)
         self.near = NearCache(near_cache_bytes)
         self.verify_batch, self.verify_delay = 32, 1.0
         self._pending: dict[tuple[str, str], dict[bytes, bytes]] = {}

@@ -147,3 +147,26 @@ def test_random_ranges_over_random_cache_states_are_exact(grid2: Any, tmp_path: 
             while chunk := f.read(rng.randrange(1, 3 * bs)):
                 got += chunk
         assert got == data
+
+
+def test_blocks_on_servers_that_require_a_token(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Servers of a real deployment require the token (docs/deploy.md): the block store authenticates with the
+    grid's, and a wrong token disables the block cache loudly while reads stay exact."""
+    data = os.urandom(200_000)
+    (tmp_path / "t.bin").write_bytes(data)
+    path = str(tmp_path / "t.bin")
+    local = fsspec.filesystem("file")
+    with ramgrid.local(servers=2, memory="32MiB", token="s3cret") as g:
+        opts: dict[str, Any] = {"block_size": 64 * 1024, "ttl": 600, "skip_instance_cache": True}
+        writer = CachedFileSystem(local, g, table="fstoken", **opts)
+        assert writer.cat_file(path) == data
+        writer.flush_pending()
+        reader = CachedFileSystem(local, g, table="fstoken", near_cache_bytes=0, **opts)
+        assert reader.cat_file(path) == data
+        assert reader.counters["block_grid"] == 4 and reader.counters["block_fs"] == 0
+
+        store = BlockStore(g.servers, token="wrong", timeout=2.0)
+        with caplog.at_level("ERROR", logger="ramgrid.fs._blocks"):
+            assert store.get_many([b"anything"]) == {}
+        assert "refused the grid's token" in caplog.text
+        store.close()
