@@ -18,18 +18,14 @@ from typing import Any
 
 from ramgrid.engines import DaskEngine, ThreadEngine, engine_for
 from ramgrid.exceptions import (
-    BatchError,
-    ConnectionFailed,
-    PartitionsUnavailable,
     RamgridError,
     TableNotFound,
-    Timeout,
 )
 from ramgrid.grid import Grid, PinnedTable, Table, VersionWriter
 from ramgrid.mapreduce.joblog import JobLog
 from ramgrid.mapreduce.progress import Progress
 from ramgrid.mapreduce.spec import MERGE_REDUCERS, FileSplit, JobSpec, TableSplit
-from ramgrid.mapreduce.tasks import map_task, reduce_task
+from ramgrid.mapreduce.tasks import WRITE_FAULTS, map_task, reduce_task
 
 log = logging.getLogger("ramgrid.mapreduce")
 
@@ -37,7 +33,7 @@ __all__ = ["JobResult", "Summary", "resume", "run"]
 
 # Errors that mean a server (a replica) is unreachable or short of acknowledgements: the task is run again, and the
 # job's writes go on at ack=one (the live replica), since ack=all cannot be met while a replica is down.
-_WRITE_FAULTS = (BatchError, PartitionsUnavailable, ConnectionFailed, Timeout)
+_WRITE_FAULTS = WRITE_FAULTS
 
 
 @dataclass
@@ -334,6 +330,9 @@ def _drive(
         return engine.submit(map_task, spec, t, attempt, ack, where=where_map(t, attempt), name="map")
 
     def map_done(t: int, rec: dict[str, Any]) -> None:
+        if rec.get("degraded") and runner.ack != "one":
+            log.warning("job %s: a replica is down; the job's writes go on at ack=one", spec.job_id)
+            runner.ack = summary.ack = "one"
         jlog.commit_map(t, rec)
         committed[t] = rec
         key_kinds.add(rec.get("key_kind", "str"))

@@ -13,12 +13,16 @@ from typing import Any
 
 import numpy as np
 
+from ramgrid.exceptions import BatchError, ConnectionFailed, PartitionsUnavailable, Timeout
 from ramgrid.grid import Grid, PinnedTable, VersionPart
 from ramgrid.mapreduce import shuffle
 from ramgrid.mapreduce.joblog import JobLog
 from ramgrid.mapreduce.spec import FileSplit, JobSpec, TableSplit
 
-__all__ = ["map_task", "reduce_task"]
+__all__ = ["WRITE_FAULTS", "map_task", "reduce_task"]
+
+# Errors that mean a replica is unreachable or short of acknowledgements.
+WRITE_FAULTS = (BatchError, PartitionsUnavailable, ConnectionFailed, Timeout)
 
 _READ_BLOCK = 8 << 20
 
@@ -173,9 +177,18 @@ def map_task(spec: JobSpec, task: int, attempt: int, ack: str) -> dict[str, Any]
         for c, b in enumerate(enc):
             keys.append(shuffle.blob_key(spec.job_id, task, attempt, r, c, R))
             blobs.append(b)
-    grid = Grid(spec.config)
+    degraded = False
     if keys:
-        grid.table(spec.intermediate).put_many(keys, blobs)
+        try:
+            Grid(spec.config).table(spec.intermediate).put_many(keys, blobs)
+        except WRITE_FAULTS:
+            if spec.config.ack == "one":
+                raise
+            # A replica is down: ack=all cannot be met. The keys are this attempt's, so writing them again at
+            # ack=one (the live replica) stores each once; the task need not run again.
+            degraded = True
+            spec = replace(spec, config=replace(spec.config, ack="one"))
+            Grid(spec.config).table(spec.intermediate).put_many(keys, blobs)
     shuffled = sum(len(b) for b in blobs)
 
     merge = "none"
@@ -190,6 +203,7 @@ def map_task(spec: JobSpec, task: int, attempt: int, ack: str) -> dict[str, Any]
         "combined": len(combined),
         "bytes": shuffled,
         "merge": merge,
+        "degraded": degraded,
         "key_kind": _key_kind(combined),
         "map_s": t_map,
         "seconds": time.perf_counter() - t0,
@@ -213,6 +227,11 @@ def _merge(spec: JobSpec, task: int, combined: dict[Any, Any]) -> str:
         part.put_many(
             list(combined), np.fromiter(combined.values(), dtype=dtype, count=len(combined)), merge=spec.merge
         )
+    except WRITE_FAULTS:
+        # Some merges may have been applied, at some replicas: the output is rebuilt from the shuffle, which this
+        # task's output is already in, so the task itself succeeded.
+        log.mark_dirty()
+        return "dirty"
     except BaseException:
         log.mark_dirty()
         raise
