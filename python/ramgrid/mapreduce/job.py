@@ -382,7 +382,7 @@ def _drive(
     if not spec.keep_intermediate:
         for name in (spec.intermediate, spec.merge_target if spec.output is None else ""):
             if name:
-                _quietly(lambda n=name: g.drop_table(n))
+                _quietly(g.drop_table, name)
         jlog.drop()
     summary.phases["commit"] = time.perf_counter() - t_commit
     summary.seconds = time.perf_counter() - t0
@@ -442,8 +442,8 @@ def _read_merged(g: Grid, name: str, key_kinds: set[str]) -> dict[Any, Any]:
     return out
 
 
-def _quietly(fn: Callable[[], Any]) -> None:
+def _quietly(fn: Callable[..., Any], *args: Any) -> None:
     try:
-        fn()
+        fn(*args)
     except (RamgridError, ValueError):
         pass  # cleanup: the job's outcome is decided

@@ -94,7 +94,7 @@ class JobLog:
 
     def state(self) -> str | None:
         (s,) = self._get_many(["state"])
-        return s
+        return None if s is None else str(s)
 
     def commit_map(self, task: int, record: dict[str, Any]) -> None:
         self._put(f"map/{task}", record)

@@ -223,6 +223,7 @@ def _merge(spec: JobSpec, task: int, combined: dict[Any, Any]) -> str:
         return "dirty"
     dtype = np.float64 if spec.output_type == "f64" else np.int64
     part = VersionPart(Grid(spec.config), spec.merge_target, spec.merge_version)
+    assert spec.merge is not None
     try:
         part.put_many(
             list(combined), np.fromiter(combined.values(), dtype=dtype, count=len(combined)), merge=spec.merge

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from ramgrid.engines import ThreadEngine, engine_for, pair_servers
 
 pytestmark = pytest.mark.timeout(30)
