@@ -16,7 +16,7 @@ layout), `joblog` (the job log), `spec` (what a job is), `wordcount` (the word c
 from __future__ import annotations
 
 from ramgrid.mapreduce import wordcount
-from ramgrid.mapreduce.job import JobResult, Summary, resume, run
+from ramgrid.mapreduce.job import JobResult, Summary, abandon, resume, run
 from ramgrid.mapreduce.spec import MERGE_REDUCERS
 
-__all__ = ["MERGE_REDUCERS", "JobResult", "Summary", "resume", "run", "wordcount"]
+__all__ = ["MERGE_REDUCERS", "JobResult", "Summary", "abandon", "resume", "run", "wordcount"]

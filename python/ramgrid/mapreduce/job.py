@@ -29,7 +29,7 @@ from ramgrid.mapreduce.tasks import WRITE_FAULTS, map_task, reduce_task
 
 log = logging.getLogger("ramgrid.mapreduce")
 
-__all__ = ["JobResult", "Summary", "resume", "run"]
+__all__ = ["JobResult", "Summary", "abandon", "resume", "run"]
 
 # Errors that mean a server (a replica) is unreachable or short of acknowledgements: the task is run again, and the
 # job's writes go on at ack=one (the live replica), since ack=all cannot be met while a replica is down.
@@ -214,6 +214,22 @@ def resume(
     log.info("job %s resumed: %d of %d map tasks committed", job_id, len(committed), len(spec.splits))
     with engine_for(dask_client, workers, grid.servers) as engine:
         return _drive(spec, jlog, engine, summary, committed, progress, t0)
+
+
+def abandon(job_id: str, grid: Grid) -> None:
+    """Gives up job `job_id` after a failure (instead of `resume`): aborts its output version, if it opened one,
+    and drops its intermediate, result and log tables. A job that failed keeps them until then, so it can be
+    resumed."""
+    jlog = JobLog(dataclasses.replace(grid.config, ack="all"), job_id)
+    if not jlog.exists():
+        raise TableNotFound(f"no job {job_id!r} on this grid (its log table {jlog.log_name!r} does not exist)")
+    spec: JobSpec = jlog.spec()
+    g = Grid(spec.config)
+    if spec.output is not None and spec.output_version and jlog.state() != "done":
+        VersionWriter.adopt(g, spec.output, spec.output_version).abort()
+    for name in (spec.intermediate, f"{job_id}.result"):
+        _quietly(g.drop_table, name)
+    jlog.drop()
 
 
 # ---------------------------------------------------------------------------------------------------------------

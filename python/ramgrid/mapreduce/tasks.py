@@ -63,8 +63,12 @@ def _records(split: Any, batch: Any) -> Iterator[tuple[Any, ...]]:
         for row in batch.to_pylist():
             yield (row,)
     else:
-        for line in batch.decode("utf-8", errors="replace").splitlines():
-            yield (line,)
+        # Lines end at b"\n" only, as loads cut them (str.splitlines would also cut at \v, \f, \x1c, U+2028...).
+        lines = batch.split(b"\n")
+        if lines and not lines[-1]:
+            lines.pop()
+        for line in lines:
+            yield (line.decode("utf-8", errors="replace"),)
 
 
 def _count_records(split: Any, batch: Any) -> int:

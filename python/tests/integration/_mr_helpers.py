@@ -82,3 +82,10 @@ def join(key: str, values: list[tuple[str, str]]) -> list[tuple[str, str]]:
     left = sorted(v for t, v in values if t == "L")
     right = sorted(v for t, v in values if t == "R")
     return [(a, b) for a in left for b in right]
+
+
+def broken(line: str) -> Iterator[tuple[str, int]]:
+    """A mapper with a bug: it fails on the first line that has the word "the"."""
+    if "the" in line.split():
+        raise RuntimeError("mapper bug")
+    return word_pairs(line)

@@ -140,3 +140,22 @@ def test_bad_jobs_are_refused_before_anything_runs(grid2: ramgrid.LocalGrid, tmp
     with pytest.raises(ValueError, match="reduce_partitions"):
         mapreduce.run(grid2, src, h.word_pairs, "sum", reduce_partitions=0, progress=False)
     assert set(grid2.tables()) == before
+
+
+def test_a_failed_job_keeps_its_tables_until_abandoned(
+    grid2: ramgrid.LocalGrid, lines: list[str], tmp_path: Path
+) -> None:
+    src = h.write_text(tmp_path / "slice.txt", lines[:500])
+    out = grid2.create_table("mr_keep", partitions=4, value_type="bytes")
+    out.put_many(["old"], [b"1"])
+    before = out.current_version()
+    with pytest.raises(RuntimeError, match="mapper bug"):
+        mapreduce.run(
+            grid2, src, h.broken, h.posting_list, output="mr_keep", workers=2, progress=False, job_id="broken1"
+        )
+    assert sorted(_leftover(grid2, "broken1")) == ["broken1.log", "broken1.marks", "broken1.shuffle"]
+    assert out.current_version() == before
+    mapreduce.abandon("broken1", grid2)
+    assert _leftover(grid2, "broken1") == []
+    assert out.current_version() == before and out.get("old") == b"1"
+    assert [v["version"] for v in out.versions()] == [before]  # the job's open version was dropped
