@@ -76,6 +76,8 @@ def mapreduce_main(argv: Sequence[str]) -> int:
     args = p.parse_args(list(argv))
 
     def run() -> int:
+        if not Path(args.input).exists():
+            raise cli.CliError(f"{args.input}: no such file or directory")
         with contextlib.ExitStack() as stack:
             grid = None
             if not args.local:
