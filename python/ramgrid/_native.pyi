@@ -79,7 +79,7 @@ class Client:
         """Returns (values, found). With `incarnation` (non-zero), refuses (TableNotFound) to read a table of that
         name created since. values: float64/int64 ndarray (0 where missing) for numeric tables,
         float32 ndarray of shape (n, dim) for f32vec tables, list[bytes | None] for bytes tables."""
-    def put_many(self, table: str, keys: KeysLike, values: Any, version: int = 0) -> None:
+    def put_many(self, table: str, keys: KeysLike, values: Any, version: int = 0, merge: str = "store") -> None:
         """values: a numpy array (numeric/f32vec tables; converted to the table's type with numpy's same_kind casting,
         which wraps and overflows silently: ramgrid.grid checks the values with `_keys.fit_values` first) or a list of
         bytes/str (bytes tables).
@@ -184,6 +184,7 @@ def scan(
     predicate: tuple[int, float, float] | None = None,  # (component, lo, hi): lo <= v < hi
     chunk_items: int = 65536,
     max_restarts: int = 8,
+    partitions: tuple[int, int] | None = None,  # (start, end): partitions start..end-1 only
 ) -> ScanIter: ...
 def top_k(
     client: Client,

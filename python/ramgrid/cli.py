@@ -131,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="load a TSV/text/CSV/Parquet file or directory into a table as a new version (`ramgrid load --help`)",
     )
     sub.add_parser(
+        "mapreduce",
+        help="run a MapReduce job on the grid: `ramgrid mapreduce wordcount INPUT --out FILE.tsv`",
+    )
+    sub.add_parser(
         "demo",
         help="run a demo: `ramgrid demo lm [options]` is the language-model experiment (`ramgrid demo lm --help`)",
     )
@@ -553,6 +557,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ramgrid.load import load_main
 
         return load_main(args_list[1:])
+    if args_list and args_list[0] == "mapreduce":
+        from ramgrid.mapreduce.wordcount import mapreduce_main
+
+        return mapreduce_main(args_list[1:])
     if args_list and args_list[0] == "demo":
         return _run(lambda: cmd_demo(args_list[1:]))
     parser = build_parser()

@@ -384,6 +384,12 @@ class _Reader(_PipelinedReads):
     # The table incarnation reads are meant for (0: whichever exists); set by PinnedTable.
     _read_incarnation: int = 0
 
+    def owners(self) -> list[list[str]]:
+        """Who holds what: for each partition of the table (index = partition number, as `partition_of` gives
+        it), the addresses of the servers that hold a replica, primary first, under the partition map this
+        process's client routes by. A job runs a partition's work beside one of them (`ramgrid.engines`)."""
+        return [list(r) for r in self._client().partition_owners(self.name)]
+
     def lookup(self, keys: Any) -> tuple[Any, np.ndarray]:
         """Returns `(values, found)`: values as `get_many` would, with zeros (numeric) or None (bytes) where
         `found` is False. Never raises for a missing key."""
@@ -465,10 +471,16 @@ class Table(_Operators, _Reader, _Scans, _Reduce):
 
     # writes to the current version
 
-    def put_many(self, keys: Any, values: Any) -> None:
+    def put_many(self, keys: Any, values: Any, merge: str = "store") -> None:
         """Stores a batch. `values`: a numpy array (numeric/vector tables) or a list of bytes/str (bytes tables),
         as long as `keys`. A refused key (too large, no memory) raises BatchError listing the failed indices after
         every other key has been stored.
+
+        `merge`: "store" overwrites; on i64 and f64 tables "add", "min" or "max" merge each value into the stored
+        one on the server, under the partition's write lock, so concurrent writers lose no update (a missing key
+        takes the value; a repeated key is merged once per occurrence; an i64 sum that would overflow is refused
+        for that key). Any other table refuses a merge with ValueError before anything is sent. A call that
+        raised may have been merged at some replicas: merges are not idempotent (docs/protocol-native.md 7.3).
 
         Values must fit the table's type; nothing is converted in a way that changes it. Before anything is sent,
         a value that does not fit raises ValueOutOfRange (a ValueError) naming the first one and its index, and
@@ -477,7 +489,7 @@ class Table(_Operators, _Reader, _Scans, _Reduce):
         for an f32vec table, finite values whose magnitude float32 cannot hold (above ~3.4e38, which would become
         inf), while nan and inf given as such are kept and other values are rounded to float32; for an f64 table,
         numbers float64 cannot hold."""
-        _put(self._client(), self.name, keys, values, 0)
+        _put(self._client(), self.name, keys, values, 0, merge)
 
     def put(self, key: Any, value: Any) -> None:
         """Stores one key."""
@@ -586,6 +598,16 @@ class VersionWriter(_Reader):
             "into the version, and commit or abort here once they are done"
         )
 
+    @classmethod
+    def adopt(cls, grid: Grid, name: str, version: int) -> VersionWriter:
+        """A writer for open version `version` of `name` that another writer began (a job's driver that died):
+        commit or abort it as if this one had begun it. Nothing is checked until then."""
+        w = cls(grid, name)
+        w.version = int(version)
+        w._read_version = w.version
+        w._state = "open"
+        return w
+
     def part(self) -> VersionPart:
         """A picklable handle for the tasks of a job that fill this version in parallel (Dask, multiprocessing):
         they write through it; this writer, in the driver, commits or aborts once they are done."""
@@ -617,10 +639,10 @@ class VersionWriter(_Reader):
         if self._state != "open":
             raise RamgridError(f"version {self.version} of {self.name!r} is {self._state}, not open for writes")
 
-    def put_many(self, keys: Any, values: Any) -> None:
+    def put_many(self, keys: Any, values: Any, merge: str = "store") -> None:
         """Writes a batch into the new version (see Table.put_many)."""
         self._check_open()
-        _put(self._client(), self.name, keys, values, self.version)
+        _put(self._client(), self.name, keys, values, self.version, merge)
 
     def put(self, key: Any, value: Any) -> None:
         self._check_open()
@@ -681,9 +703,9 @@ class VersionPart(_Reader):
     def __repr__(self) -> str:
         return f"VersionPart({self.name!r}, version={self.version})"
 
-    def put_many(self, keys: Any, values: Any) -> None:
+    def put_many(self, keys: Any, values: Any, merge: str = "store") -> None:
         """Writes a batch into the open version (see Table.put_many)."""
-        _put(self._client(), self.name, keys, values, self.version)
+        _put(self._client(), self.name, keys, values, self.version, merge)
 
     def put(self, key: Any, value: Any) -> None:
         _put(self._client(), self.name, [key], _single_value(value), self.version)
@@ -703,7 +725,12 @@ def _single_value(value: Any) -> Any:
     return arr.reshape(1, -1) if arr.ndim == 1 else arr.reshape(1)
 
 
-def _put(client: Any, name: str, keys: Any, values: Any, version: int) -> None:
+_MERGES = ("store", "add", "min", "max")
+
+
+def _put(client: Any, name: str, keys: Any, values: Any, version: int, merge: str = "store") -> None:
+    if merge not in _MERGES:
+        raise ValueError(f"merge must be one of {', '.join(_MERGES)}, got {merge!r}")
     k = convert_keys(keys)
     n = key_count(k)
     v = convert_values(values)
@@ -714,6 +741,11 @@ def _put(client: Any, name: str, keys: Any, values: Any, version: int) -> None:
         return
     # Checked whole before anything is sent, so a value that does not fit stores nothing of the call.
     vt, dim = client.value_type(name)
+    if merge != "store":
+        if vt not in ("i64", "f64"):
+            raise ValueError(f"merge={merge!r} needs an i64 or f64 table; {name!r} holds {vt} values")
+        client.put_many(name, k, fit_values(v, vt, dim, source=values), version, merge)
+        return
     client.put_many(name, k, fit_values(v, vt, dim, source=values), version)
 
 

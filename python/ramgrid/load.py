@@ -21,14 +21,12 @@ type (i64, f64) or kept as raw bytes. No quoting is interpreted.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import dataclasses
 import logging
 import os
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +36,7 @@ import numpy as np
 
 from ramgrid._gzip import gunzip
 from ramgrid._types import parse_value_type, spell_value_type
+from ramgrid.engines import DaskEngine, ThreadEngine, engine_for
 from ramgrid.exceptions import BatchError, LoadError, RamgridError, TableNotFound
 from ramgrid.grid import Grid, Table, VersionPart, VersionWriter, client_for
 
@@ -1109,10 +1108,10 @@ def load_table(
         writer.begin()
         target = _Target(load_grid.config, name, writer.version)
         work = [(opts_by_fmt[t.fmt], t) for t in tasks]
-        if dask_client is not None:
-            results = _run_on_dask(dask_client, target, work, prog)
-        else:
-            results = _run_on_threads(target, work, prog, workers)
+        # Leaving the engine joins its threads, also when a task failed: so no in-process task still writes into
+        # the version the caller then drops.
+        with engine_for(dask_client, workers) as engine:
+            results = _run_on_engine(engine, target, work, prog)
         version = writer.commit()
         ok = True
     except BaseException:
@@ -1191,47 +1190,27 @@ def _norm_type(value_type: Any) -> str:
     return spell_value_type(*parse_value_type(value_type))
 
 
-def _run_on_threads(
-    target: _Target, work: Sequence[tuple[_Options, _Task]], prog: _Progress, workers: int | None
+def _run_on_engine(
+    engine: ThreadEngine | DaskEngine, target: _Target, work: Sequence[tuple[_Options, _Task]], prog: _Progress
 ) -> list[_TaskResult]:
-    n = workers or max(2, os.cpu_count() or 1)
-    cancel = threading.Event()
-    results: list[_TaskResult] = []
-    # Leaving the executor joins every thread, also when a task failed: so no task still writes into the version
-    # the caller then drops.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=n, thread_name_prefix="ramgrid-load") as ex:
-        futures = [ex.submit(_run_task, target, o, t, prog.update, cancel) for o, t in work]
-        try:
-            for f in concurrent.futures.as_completed(futures):
-                results.append(f.result())
-        finally:
-            if len(results) < len(futures):  # a task failed, or Ctrl-C: stop the rest between batches
-                cancel.set()
-                for f in futures:
-                    f.cancel()
-    return results
-
-
-def _run_on_dask(
-    client: Any, target: _Target, work: Sequence[tuple[_Options, _Task]], prog: _Progress
-) -> list[_TaskResult]:
-    from distributed import as_completed
-
-    tag = uuid.uuid4().hex[:12]
+    """Runs the tasks on `engine`. In-process tasks report progress as they go and stop between batches once one
+    failed; remote ones report when they finish, and a running one cannot be interrupted (a write it makes after
+    the version is dropped is refused)."""
+    local = isinstance(engine, ThreadEngine)
+    cancel = engine.cancel_event
     futures = [
-        client.submit(_run_task, target, o, t, key=f"ramgrid-load-{tag}-{i}", pure=False)
-        for i, (o, t) in enumerate(work)
+        engine.submit(_run_task, target, o, t, *((prog.update, cancel) if local else ()), name="load") for o, t in work
     ]
     results: list[_TaskResult] = []
     try:
-        for f in as_completed(futures):
+        for f in engine.as_completed(futures):
             r = f.result()
             results.append(r)
-            prog.update(r.rows, r.bytes)
-    except BaseException:
-        # Running tasks cannot be interrupted; a write they make after the version is dropped is refused.
-        client.cancel(futures)
-        raise
+            if not local:
+                prog.update(r.rows, r.bytes)
+    finally:
+        if len(results) < len(futures):  # a task failed, or Ctrl-C: stop the rest
+            engine.cancel(futures)
     return results
 
 

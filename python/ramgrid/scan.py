@@ -96,13 +96,23 @@ class _Scans:
 
         def _client(self) -> Client: ...  # the handle classes' (`_Reader._client`)
 
-    def scan(self, chunk_items: int = 65536) -> ScanChunks:
-        """Every item of the table, in chunks of at most `chunk_items`, partition by partition (see the module)."""
+    def scan(self, chunk_items: int = 65536, partitions: tuple[int, int] | None = None) -> ScanChunks:
+        """Every item of the table, in chunks of at most `chunk_items`, partition by partition (see the module).
+        `partitions=(start, end)`: only partitions start..end-1 (a job's task reads one: `(p, p + 1)`)."""
         if int(chunk_items) < 1:
             raise ValueError("chunk_items must be at least 1")
         from ramgrid import _native
 
-        it = _native.scan(self._client(), self.name, self._read_version, self._read_incarnation, None, int(chunk_items))
+        parts = None if partitions is None else (int(partitions[0]), int(partitions[1]))
+        it = _native.scan(
+            self._client(),
+            self.name,
+            self._read_version,
+            self._read_incarnation,
+            None,
+            int(chunk_items),
+            partitions=parts,
+        )
         return ScanChunks(it)
 
     def filter(self, where: Any, chunk_items: int = 65536) -> ScanChunks:

@@ -10,7 +10,7 @@ use crate::client::{Client, GetResult};
 use crate::error::Error;
 use crate::keys::Keys;
 use crate::values::{Values, ValuesRef};
-use ramgrid_proto::native::ValueType;
+use ramgrid_proto::native::{Merge, ValueType};
 
 /// Keys per chunk that [`Client::get_chunked`] and friends default to in the Python binding: large
 /// enough that the per-call overhead vanishes, small enough that Ctrl-C is answered promptly.
@@ -206,17 +206,36 @@ impl Client {
         chunk: usize,
         between: impl FnMut() -> Result<(), E>,
     ) -> Result<(), ChunkedError<E>> {
+        self.put_merge_chunked(table, keys, values, version, Merge::Store, chunk, between)
+    }
+
+    /// [`Client::put_merge`] in chunks, as [`Client::put_chunked`].
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "put_chunked's arguments and the merge"
+    )]
+    pub fn put_merge_chunked<E>(
+        &self,
+        table: &str,
+        keys: Keys<'_>,
+        values: ValuesRef<'_>,
+        version: u32,
+        merge: Merge,
+        chunk: usize,
+        between: impl FnMut() -> Result<(), E>,
+    ) -> Result<(), ChunkedError<E>> {
         let dim = match self.table_meta(table)?.value_type {
             ValueType::F32Vec(d) => d as usize,
             _ => 1,
         };
         let mut failures = Failures::default();
         each_chunk(keys.len(), chunk, between, |r| {
-            let done = self.put(
+            let done = self.put_merge(
                 table,
                 keys.slice(r.clone()),
                 values.slice(r.clone(), dim),
                 version,
+                merge,
             );
             failures.absorb(r.start, done).map(|_| ())
         })?;

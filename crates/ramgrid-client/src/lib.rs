@@ -53,6 +53,7 @@ pub use ops::{OpAnswer, OpResult, OpSpec};
 pub use pipeline::Pipeline;
 pub use plan::Ack;
 pub use ramgrid_proto::cluster::{partition_of, ClusterSpec};
+pub use ramgrid_proto::native::Merge;
 pub use ramgrid_proto::native::{Durability, Predicate, Stats, ValueType};
 pub use scan::{Chunk, PackedKeys, Scan, ScanOptions};
 pub use tls::TlsConfig;

@@ -158,6 +158,7 @@ pub struct Scan {
     predicate: Option<Predicate>,
     opts: ScanOptions,
     next_partition: u32,
+    end_partition: u32,
     ready: VecDeque<Chunk>,
     failed: bool,
     /// Partitions read again because they changed between pages (all partitions so far).
@@ -202,6 +203,7 @@ impl Client {
             predicate,
             opts,
             next_partition: 0,
+            end_partition: meta.partitions,
             ready: VecDeque::new(),
             failed: false,
             restarts: 0,
@@ -243,6 +245,20 @@ impl Client {
 }
 
 impl Scan {
+    /// Narrows the scan to partitions `start..end` (a job's task reads one partition). Refused
+    /// when the range is empty or passes the table's partition count.
+    pub fn partitions(mut self, start: u32, end: u32) -> Result<Scan> {
+        if start >= end || end > self.meta.partitions {
+            return Err(Error::InvalidArgument(format!(
+                "partitions {start}..{end} are not a non-empty range within the table's {}",
+                self.meta.partitions
+            )));
+        }
+        self.next_partition = start;
+        self.end_partition = end;
+        Ok(self)
+    }
+
     /// The version read (0 until the first page resolved it).
     pub fn version(&self) -> u32 {
         self.version
@@ -401,7 +417,7 @@ impl Iterator for Scan {
             if let Some(c) = self.ready.pop_front() {
                 return Some(Ok(c));
             }
-            if self.failed || self.next_partition >= self.meta.partitions {
+            if self.failed || self.next_partition >= self.end_partition {
                 return None;
             }
             let p = self.next_partition;

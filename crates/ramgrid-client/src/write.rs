@@ -2,7 +2,7 @@
 //! counted per key, and keys short of the configured level are reported by index with a reason.
 
 use ramgrid_proto::native::{
-    KeyBatchWriter, KeyStatus, Opcode, PutWriter, Response, Status, ValueType, MAX_KEY_LEN,
+    KeyBatchWriter, KeyStatus, Merge, Opcode, PutWriter, Response, Status, ValueType, MAX_KEY_LEN,
 };
 
 use crate::client::{encode_err, refusal, unexpected, Client, Handled, OpError};
@@ -24,12 +24,35 @@ impl Client {
         values: ValuesRef<'_>,
         version: u32,
     ) -> Result<()> {
+        self.put_merge(table, keys, values, version, Merge::Store)
+    }
+
+    /// [`Client::put`] with each value merged into the stored one by the server (`Merge::Add`,
+    /// `Min`, `Max`; i64 and f64 tables only, refused whole otherwise). Each replica merges under
+    /// its partition's write lock, so concurrent writers lose no update. A PUT is never sent twice
+    /// once its frame was written (the retry rule in exchange.rs), so a merge is applied at most once
+    /// per replica per call; a call that fails may have been applied at some replicas.
+    pub fn put_merge(
+        &self,
+        table: &str,
+        keys: Keys<'_>,
+        values: ValuesRef<'_>,
+        version: u32,
+        merge: Merge,
+    ) -> Result<()> {
         let _call = self.call();
         keys.validate()?;
         let meta = self.table_meta(table)?;
         values.check(meta.value_type, keys.len())?;
+        if merge != Merge::Store && !matches!(meta.value_type, ValueType::I64 | ValueType::F64) {
+            return Err(Error::InvalidArgument(format!(
+                "merge \"{}\" needs an i64 or f64 table; {table} holds {:?} values",
+                merge.name(),
+                meta.value_type
+            )));
+        }
         let cost = |i: usize| 2 + keys.key(i).len() + values.wire_len(i, meta.value_type);
-        self.write(table, keys, Some(values), version, cost)?
+        self.write(table, keys, Some((values, merge)), version, cost)?
             .into_result()
             .map(|_| ())
     }
@@ -48,7 +71,7 @@ impl Client {
         &self,
         table: &str,
         keys: Keys<'_>,
-        values: Option<ValuesRef<'_>>,
+        values: Option<(ValuesRef<'_>, Merge)>,
         version: u32,
         cost: impl Fn(usize) -> usize,
     ) -> Result<WriteOutcome> {
@@ -106,7 +129,7 @@ impl Client {
         &self,
         table: &str,
         keys: Keys<'_>,
-        values: Option<ValuesRef<'_>>,
+        values: Option<(ValuesRef<'_>, Merge)>,
         idx: &[u32],
         version: u32,
         outcome: &mut WriteOutcome,
@@ -163,10 +186,11 @@ impl Client {
             |s, buf, id| {
                 let row = per_server.row(s);
                 match values {
-                    Some(vals) => {
+                    Some((vals, merge)) => {
                         let mut w = PutWriter::begin(buf, id, table, version, topo.epoch, vt)
                             .map_err(encode_err)?;
                         w.set_incarnation(meta.incarnation);
+                        w.set_merge(merge);
                         for &p in row {
                             let js = by_part.row(p as usize);
                             let ks = js.iter().map(|&j| keys.key(idx[j as usize] as usize));

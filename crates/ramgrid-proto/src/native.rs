@@ -26,8 +26,8 @@ mod tests;
 pub use admin::{CreateTable, ExportChunk, ExportRequest, Hello, HelloOk, SpecReply, VersionRef};
 pub use data::{
     encode_delete, encode_get, Delete, Get, GetReply, GetReplyIter, GetReplyWriter, KeyBatch,
-    KeyBatchWriter, KeyGroup, KeyGroupIter, KeyGroups, KeyStatusWriter, KeyStatuses, Keys, Put,
-    PutGroup, PutGroupIter, PutGroups, PutWriter, Values,
+    KeyBatchWriter, KeyGroup, KeyGroupIter, KeyGroups, KeyStatusWriter, KeyStatuses, Keys, Merge,
+    Put, PutGroup, PutGroupIter, PutGroups, PutWriter, Values,
 };
 pub use error::{FrameError, FrameErrorKind};
 pub use frame::{

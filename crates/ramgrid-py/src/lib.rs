@@ -18,8 +18,8 @@ use pyo3::exceptions::{PyKeyboardInterrupt, PyOSError, PyTypeError, PyValueError
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 use ramgrid_client::{
-    parse_type, type_name, Ack, Client as RustClient, ClientConfig, Durability, Keys, MoveReport,
-    TableDescription, ValueType, Values, ValuesRef,
+    parse_type, type_name, Ack, Client as RustClient, ClientConfig, Durability, Keys, Merge,
+    MoveReport, TableDescription, ValueType, Values, ValuesRef,
 };
 
 use errors::chunked_to_py;
@@ -413,7 +413,9 @@ impl Client {
     }
 
     /// Writes values; raises BatchError listing the keys that were not stored.
-    #[pyo3(signature = (table, keys, values, version=0))]
+    /// `merge`: "store" (overwrite), or "add", "min", "max" to merge each value into the stored
+    /// one on the server (i64 and f64 tables only).
+    #[pyo3(signature = (table, keys, values, version=0, merge="store"))]
     fn put_many<'py>(
         &self,
         py: Python<'py>,
@@ -421,7 +423,19 @@ impl Client {
         keys: &Bound<'py, PyAny>,
         values: &Bound<'py, PyAny>,
         version: u32,
+        merge: &str,
     ) -> PyResult<()> {
+        let merge = match merge {
+            "store" => Merge::Store,
+            "add" => Merge::Add,
+            "min" => Merge::Min,
+            "max" => Merge::Max,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "merge must be one of store, add, min, max; got {other:?}"
+                )))
+            }
+        };
         let holder = KeyHolder::new(keys)?;
         let slices = holder.slices()?;
         let keys = holder.keys(&slices);
@@ -434,7 +448,7 @@ impl Client {
         let vals = vholder.values(&vslices);
         let client = &self.inner;
         py.allow_threads(|| {
-            client.put_chunked(table, keys, vals, version, CHUNK_KEYS, check_signals)
+            client.put_merge_chunked(table, keys, vals, version, merge, CHUNK_KEYS, check_signals)
         })
         .map_err(|e| chunked_to_py(py, e))
     }

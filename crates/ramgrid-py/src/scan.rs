@@ -100,7 +100,7 @@ fn chunk_tuple(py: Python<'_>, c: Chunk) -> PyResult<Bound<'_, PyTuple>> {
     reason = "mirrors the Python keyword arguments"
 )]
 #[pyfunction]
-#[pyo3(signature = (client, table, version=0, incarnation=0, predicate=None, chunk_items=65536, max_restarts=8))]
+#[pyo3(signature = (client, table, version=0, incarnation=0, predicate=None, chunk_items=65536, max_restarts=8, partitions=None))]
 pub(crate) fn scan(
     py: Python<'_>,
     client: &Client,
@@ -110,6 +110,7 @@ pub(crate) fn scan(
     predicate: Option<(u32, f64, f64)>,
     chunk_items: usize,
     max_restarts: u32,
+    partitions: Option<(u32, u32)>,
 ) -> PyResult<ScanIter> {
     let opts = ScanOptions {
         chunk_items,
@@ -120,6 +121,10 @@ pub(crate) fn scan(
             client
                 .inner
                 .scan(table, version, incarnation, to_predicate(predicate), opts)
+                .and_then(|s| match partitions {
+                    Some((a, b)) => s.partitions(a, b),
+                    None => Ok(s),
+                })
         })
         .map_err(|e| to_py(py, e))?;
     Ok(ScanIter { scan: Some(s) })

@@ -46,6 +46,8 @@
 
 mod copy;
 pub use copy::PendingVersion;
+mod merge;
+pub use merge::MergeOp;
 pub(crate) mod partition;
 
 use std::collections::{BTreeMap, HashMap};

@@ -215,8 +215,47 @@ impl<'a> Iterator for Keys<'a> {
 
 impl ExactSizeIterator for Keys<'_> {}
 
+/// How a PUT stores a value whose key is already there (section 7.3 of the spec: the optional
+/// merge byte after the groups). Only numeric tables (i64, f64) take a merge other than `Store`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum Merge {
+    /// Overwrite (the byte is absent, as every client before merges sends it).
+    #[default]
+    Store = 0,
+    /// Store the sum of the old value and the new one (a missing key counts as 0).
+    Add = 1,
+    /// Store the smaller of the two (a missing key takes the new value).
+    Min = 2,
+    /// Store the larger of the two (a missing key takes the new value).
+    Max = 3,
+}
+
+impl Merge {
+    /// The merge whose wire byte is `b`, if any.
+    pub fn from_u8(b: u8) -> Option<Merge> {
+        Some(match b {
+            0 => Merge::Store,
+            1 => Merge::Add,
+            2 => Merge::Min,
+            3 => Merge::Max,
+            _ => return None,
+        })
+    }
+
+    /// The spec's name: "store", "add", "min", "max".
+    pub fn name(self) -> &'static str {
+        match self {
+            Merge::Store => "store",
+            Merge::Add => "add",
+            Merge::Min => "min",
+            Merge::Max => "max",
+        }
+    }
+}
+
 /// A PUT body: table, version, epoch, the value type the values are packed as, then groups of
-/// keys with their values.
+/// keys with their values, then an optional merge byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Put<'a> {
     /// Table name.
@@ -232,6 +271,8 @@ pub struct Put<'a> {
     pub value_type: ValueType,
     /// Keys and values, by partition.
     pub groups: PutGroups<'a>,
+    /// How each value combines with the one stored (absent on the wire: [`Merge::Store`]).
+    pub merge: Merge,
 }
 
 impl<'a> Put<'a> {
@@ -253,6 +294,19 @@ impl<'a> Put<'a> {
             read_values(&mut r, value_type, k.left)?;
         }
         let raw = r.slice(start, r.pos());
+        // The merge byte is optional, so frames of clients that predate it decode as before.
+        let merge = if r.remaining() > 0 {
+            let b = r.u8("merge")?;
+            match Merge::from_u8(b) {
+                Some(Merge::Store) => {
+                    return Err(FrameError::Malformed("merge byte 0 is sent absent"))
+                }
+                Some(m) => m,
+                None => return Err(FrameError::Malformed("unknown merge")),
+            }
+        } else {
+            Merge::Store
+        };
         r.finish()?;
         let groups = PutGroups {
             raw,
@@ -267,6 +321,7 @@ impl<'a> Put<'a> {
             incarnation,
             value_type,
             groups,
+            merge,
         })
     }
 
@@ -289,6 +344,9 @@ impl<'a> Put<'a> {
         wire::put_value_type(out, self.value_type)?;
         put_u32(out, self.groups.count);
         out.extend_from_slice(self.groups.raw);
+        if self.merge != Merge::Store {
+            put_u8(out, self.merge as u8);
+        }
         Ok(())
     }
 }
@@ -604,6 +662,7 @@ pub struct PutWriter<'o> {
     groups_at: usize,
     groups: u32,
     value_type: ValueType,
+    merge: Merge,
 }
 
 impl<'o> PutWriter<'o> {
@@ -629,6 +688,7 @@ impl<'o> PutWriter<'o> {
             groups_at,
             groups: 0,
             value_type,
+            merge: Merge::Store,
         })
     }
 
@@ -796,9 +856,18 @@ impl<'o> PutWriter<'o> {
         )
     }
 
+    /// Asks the server to merge each value with the stored one (written by `finish`; numeric
+    /// tables only, which the server checks).
+    pub fn set_merge(&mut self, merge: Merge) {
+        self.merge = merge;
+    }
+
     /// Completes the frame.
     pub fn finish(self) -> Result<(), FrameError> {
         patch_u32(self.p.out, self.groups_at, self.groups);
+        if self.merge != Merge::Store {
+            put_u8(self.p.out, self.merge as u8);
+        }
         self.p.finish()
     }
 }

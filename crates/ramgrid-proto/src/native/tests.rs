@@ -465,6 +465,40 @@ fn typed_put_helpers_pack_little_endian() {
 }
 
 #[test]
+fn the_merge_byte_is_optional_and_round_trips() {
+    let mut out = Vec::new();
+    let mut w = PutWriter::begin(&mut out, 1, "n", 1, 1, ValueType::I64).unwrap();
+    w.group_i64(0, [b"a"], &[5]).unwrap();
+    w.finish().unwrap();
+    let plain = out.clone();
+    let Request::Put(p) = Request::decode(&frame_of(&plain)).unwrap() else {
+        panic!()
+    };
+    assert_eq!(p.merge, Merge::Store);
+    for m in [Merge::Add, Merge::Min, Merge::Max] {
+        out.clear();
+        let mut w = PutWriter::begin(&mut out, 1, "n", 1, 1, ValueType::I64).unwrap();
+        w.set_merge(m);
+        w.group_i64(0, [b"a"], &[5]).unwrap();
+        w.finish().unwrap();
+        // The frame is the plain one plus one byte.
+        assert_eq!(out.len(), plain.len() + 1);
+        let Request::Put(p) = Request::decode(&frame_of(&out)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(p.merge, m);
+        roundtrip_request(&Request::Put(p), 1);
+    }
+    // A merge byte 0 or above 3, or two bytes, is malformed.
+    let body = &plain[HEADER_LEN..];
+    for tail in [&[0u8][..], &[4], &[1, 1]] {
+        let mut b = body.to_vec();
+        b.extend_from_slice(tail);
+        assert!(Put::decode(&b).is_err(), "tail {tail:?}");
+    }
+}
+
+#[test]
 fn hostile_counts_do_not_allocate_or_panic() {
     // LIST_TABLES reply claiming 4 billion tables in a 10-byte body.
     let body = [0u8, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0, 0];

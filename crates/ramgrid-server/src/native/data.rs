@@ -4,7 +4,9 @@
 use ramgrid_proto::native::{
     self as wire, ErrorReply, FrameError, GetReplyWriter, Opcode, Request, Status,
 };
-use ramgrid_store::tables::{KeyStatus as StoreKeyStatus, TableVersion, ValueRef, ValueType};
+use ramgrid_store::tables::{
+    KeyStatus as StoreKeyStatus, MergeOp, TableVersion, ValueRef, ValueType,
+};
 use ramgrid_store::Error as StoreError;
 
 use super::checks::{check_copied, check_epoch, check_held, check_incarnation};
@@ -119,6 +121,7 @@ impl Conn {
                 let vt = tv.value_type();
                 let type_ok = store_value_type(p.value_type) == vt;
                 let (log, mut ticket) = (state.log_of(&tv)?, 0);
+                let merge = merge_op(p.merge, vt, log.is_some())?;
                 self.status.clear();
                 for g in p.groups.iter() {
                     if !type_ok {
@@ -129,11 +132,17 @@ impl Conn {
                         continue;
                     }
                     let items = g.keys.zip(g.values).map(|(k, v)| (k, value_ref(vt, v)));
-                    tv.put_batch_then(g.partition, items, &mut self.status, |st| {
-                        if let Some(log) = &log {
-                            ticket = log.append(g.partition, wal_puts(g.keys.zip(g.values), st));
+                    match merge {
+                        Some(op) => {
+                            tv.merge_batch_then(g.partition, items, op, &mut self.status, |_| ())
                         }
-                    })
+                        None => tv.put_batch_then(g.partition, items, &mut self.status, |st| {
+                            if let Some(log) = &log {
+                                ticket =
+                                    log.append(g.partition, wal_puts(g.keys.zip(g.values), st));
+                            }
+                        }),
+                    }
                     .map_err(|e| refusal(&e))?;
                 }
                 self.commit = log.map(|log| (log, ticket));
@@ -166,6 +175,38 @@ impl Conn {
             _ => unreachable!("the handler sends only data requests here"),
         }
     }
+}
+
+/// The store's merge for a PUT's merge byte: None for a plain store. A merge is refused whole
+/// (BAD_REQUEST, nothing written) on a table that is not i64 or f64, and on a table whose writes
+/// go through the write-ahead log, which records stored values, not merges.
+fn merge_op(
+    merge: wire::Merge,
+    vt: ValueType,
+    logged: bool,
+) -> Result<Option<MergeOp>, ErrorReply> {
+    let op = match merge {
+        wire::Merge::Store => return Ok(None),
+        wire::Merge::Add => MergeOp::Add,
+        wire::Merge::Min => MergeOp::Min,
+        wire::Merge::Max => MergeOp::Max,
+    };
+    if !matches!(vt, ValueType::I64 | ValueType::F64) {
+        return Err(ErrorReply::new(
+            Status::BadRequest,
+            format!(
+                "merge \"{}\" needs an i64 or f64 table, not {vt:?}",
+                merge.name()
+            ),
+        ));
+    }
+    if logged {
+        return Err(ErrorReply::new(
+            Status::BadRequest,
+            "merge writes are not supported on tables with durability \"log\"",
+        ));
+    }
+    Ok(Some(op))
 }
 
 /// Decodes one wire value (already validated by the codec) into the store's view.
