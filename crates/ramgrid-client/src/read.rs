@@ -130,6 +130,13 @@ impl Client {
                 .filter(|&i| keys.key(i as usize).len() <= MAX_KEY_LEN)
                 .collect(),
         };
+        // Partitions of a pinned version mapped from a server on this host are answered here,
+        // in place (shm.rs); the rest go over TCP below.
+        let pending = if version != 0 && !pending.is_empty() {
+            self.shm_serve(table, meta.incarnation, version, keys, pending, out, found)
+        } else {
+            pending
+        };
         let mut version_read = version;
         let width = meta.value_type.width().unwrap_or(16);
         for chunk in self.chunks(&pending, |i| 2 + keys.key(i).len() + width) {
