@@ -137,6 +137,25 @@ pub struct ShmStats {
 
 type VersionKey = (String, u64, u32);
 
+thread_local! {
+    /// Set by [`tcp_only`]: reads on this thread skip shared memory.
+    static TCP_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Run `f` with reads on this thread going over TCP even for attached versions: a handle that
+/// asked for no shared memory (`PinnedTable(shared_memory=False)`) while another handle of the
+/// same client maps the version.
+pub fn tcp_only<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            TCP_ONLY.with(|c| c.set(self.0));
+        }
+    }
+    let _reset = Reset(TCP_ONLY.with(|c| c.replace(true)));
+    f()
+}
+
 /// The client's attached versions and counters.
 #[derive(Default)]
 pub(crate) struct Registry {
@@ -304,6 +323,9 @@ impl Client {
         out: &mut ValuesMut<'_>,
         found: &mut [bool],
     ) -> Vec<u32> {
+        if TCP_ONLY.with(|c| c.get()) {
+            return pending;
+        }
         let Some(a) = self.inner.shm.get(table, incarnation, version) else {
             return pending;
         };

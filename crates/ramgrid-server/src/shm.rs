@@ -229,6 +229,13 @@ fn decide(
     native: &NativeState,
     segments: &Segments,
 ) -> Result<(Reply, Vec<Arc<OwnedFd>>), String> {
+    // The request is read whole before any check, so that a refusal reaches a peer that is still
+    // sending (closing on unread bytes would break its write instead).
+    let mut prefix = [0u8; 4];
+    s.read_exact(&mut prefix).map_err(|e| e.to_string())?;
+    let n = body_len(prefix).map_err(|e| e.to_string())?;
+    let mut body = vec![0u8; n];
+    s.read_exact(&mut body).map_err(|e| e.to_string())?;
     // SAFETY: as above.
     let me = unsafe { libc::geteuid() };
     let uid = peer_uid(s).map_err(|e| format!("no peer credentials: {e}"))?;
@@ -237,11 +244,6 @@ fn decide(
             "user {uid} may not map this server's memory (only user {me})"
         ));
     }
-    let mut prefix = [0u8; 4];
-    s.read_exact(&mut prefix).map_err(|e| e.to_string())?;
-    let n = body_len(prefix).map_err(|e| e.to_string())?;
-    let mut body = vec![0u8; n];
-    s.read_exact(&mut body).map_err(|e| e.to_string())?;
     let req = Request::decode(&body).map_err(|e| e.to_string())?;
     if let Some(token) = &native.token {
         if !crate::auth::token_matches(&req.token, token) {
@@ -280,7 +282,11 @@ fn decide(
         let (fd, len) = match cached {
             Some(x) => x,
             None => {
-                let img = tv.partition_image(p).map_err(|e| e.to_string())?;
+                let mut img = tv.partition_image(p).map_err(|e| e.to_string())?;
+                if corrupt_for_tests() {
+                    let mid = img.len() / 2;
+                    img[mid] ^= 0x5a;
+                }
                 let fd = Arc::new(
                     sealed_memfd(
                         &format!("ramgrid:{}:v{}:p{p}", req.table, req.version),
@@ -306,6 +312,13 @@ fn decide(
         },
         fds,
     ))
+}
+
+/// `RAMGRID_SHM_CORRUPT_FOR_TESTS=1`: every segment is written with one byte flipped, so the
+/// tests can show that readers refuse a segment whose checksum does not match (a sealed segment
+/// cannot be damaged after it is made). Never set outside tests.
+fn corrupt_for_tests() -> bool {
+    std::env::var_os("RAMGRID_SHM_CORRUPT_FOR_TESTS").is_some_and(|v| v == "1")
 }
 
 /// A memfd holding `bytes`, sealed against any change (F_SEAL_WRITE, F_SEAL_GROW,
