@@ -119,7 +119,17 @@ def main() -> None:
     procs = [int(x) for x in args.procs.split(",")]
     mc_bin = shutil.which("memcached") or "/usr/bin/memcached"
     mc_port = free_port()
-    mc = subprocess.Popen([mc_bin, "-p", str(mc_port), "-U", "0", "-l", "127.0.0.1", "-m", "2048", "-t", "4"])
+    mc_args = [mc_bin, "-p", str(mc_port), "-U", "0", "-l", "127.0.0.1", "-m", "2048", "-t", "4"]
+    mc = subprocess.Popen(mc_args + (["-u", "root"] if os.geteuid() == 0 else []))
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", mc_port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or mc.poll() is not None:
+                raise RuntimeError("memcached did not start") from None
+            time.sleep(0.05)
     lines: list[str] = []
 
     def out(s: str = "") -> None:

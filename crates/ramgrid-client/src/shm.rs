@@ -137,6 +137,9 @@ pub struct ShmStats {
 
 type VersionKey = (String, u64, u32);
 
+/// Attached versions by table name: (incarnation, version, what is mapped).
+type ByTable = HashMap<String, Vec<(u64, u32, Arc<Attached>)>>;
+
 thread_local! {
     /// Set by [`tcp_only`]: reads on this thread skip shared memory.
     static TCP_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -161,6 +164,9 @@ pub fn tcp_only<R>(f: impl FnOnce() -> R) -> R {
 pub(crate) struct Registry {
     /// Each attached version and how many attaches it counts.
     sets: RwLock<HashMap<VersionKey, (Arc<Attached>, usize)>>,
+    /// The same sets by table name, then (incarnation, version): what reads look up, by `&str`
+    /// without allocating. Changed with `sets`, under its write lock.
+    by_table: RwLock<ByTable>,
     hits: AtomicU64,
     misses: AtomicU64,
     remote: AtomicU64,
@@ -168,12 +174,20 @@ pub(crate) struct Registry {
 
 impl Registry {
     fn get(&self, table: &str, incarnation: u64, version: u32) -> Option<Arc<Attached>> {
-        let sets = self.sets.read();
-        if sets.is_empty() {
-            return None;
+        let by = self.by_table.read();
+        by.get(table)?
+            .iter()
+            .find(|(i, v, _)| *i == incarnation && *v == version)
+            .map(|(_, _, a)| a.clone())
+    }
+
+    /// Rebuild `by_table` from `sets` (attach and detach only, under `sets`' write lock).
+    fn index(&self, sets: &HashMap<VersionKey, (Arc<Attached>, usize)>) {
+        let mut by = ByTable::new();
+        for ((t, i, v), (a, _)) in sets {
+            by.entry(t.clone()).or_default().push((*i, *v, a.clone()));
         }
-        sets.get(&(table.to_string(), incarnation, version))
-            .map(|(a, _)| a.clone())
+        *self.by_table.write() = by;
     }
 }
 
@@ -254,13 +268,9 @@ impl Client {
                 info: info.clone(),
             });
             // Two threads attaching at once both mapped: one set is kept, counted twice.
-            self.inner
-                .shm
-                .sets
-                .write()
-                .entry(key)
-                .or_insert((attached, 0))
-                .1 += 1;
+            let mut sets = self.inner.shm.sets.write();
+            sets.entry(key).or_insert((attached, 0)).1 += 1;
+            self.inner.shm.index(&sets);
         }
         Ok(info)
     }
@@ -285,6 +295,7 @@ impl Client {
         if *refs == 0 {
             // A read in flight keeps its Arc, and so the mappings, until it returns.
             sets.remove(&key);
+            self.inner.shm.index(&sets);
         }
         true
     }
@@ -307,6 +318,75 @@ impl Client {
             attached: sets.len() as u64,
             mapped_bytes: sets.values().map(|(a, _)| a.info.bytes).sum(),
         }
+    }
+
+    /// A read answered wholly from shared memory, before any of the general path's bookkeeping
+    /// (call deadline, key lists): `None` unless every key's partition is mapped for this
+    /// version, in which case the read is done (`found` and `out` written) and returns the
+    /// version. The general path checks the same things and serves what it can (`shm_serve`).
+    pub(crate) fn shm_whole(
+        &self,
+        table: &str,
+        incarnation: u64,
+        keys: Keys<'_>,
+        version: u32,
+        out: &mut ValuesMut<'_>,
+        found: &mut [bool],
+    ) -> Option<u32> {
+        if version == 0 || TCP_ONLY.with(|c| c.get()) || keys.validate().is_err() {
+            return None;
+        }
+        let meta = *self.inner.tables.read().get(table)?;
+        if incarnation != 0 && incarnation != meta.incarnation {
+            return None;
+        }
+        let a = self.inner.shm.get(table, meta.incarnation, version)?;
+        let n = keys.len();
+        if out.len() != n || found.len() != n || !out.fits(meta.value_type) {
+            return None;
+        }
+        // Small batches (the 1-key get) look their views up into a stack array; larger ones into
+        // a vector.
+        let view = |i: usize| {
+            let k = keys.key(i);
+            if k.len() > ramgrid_proto::native::MAX_KEY_LEN {
+                return None;
+            }
+            a.views[partition_of(&k, a.partitions) as usize].as_ref()
+        };
+        let mut small: [Option<&ImageView<Mapping>>; 8] = [None; 8];
+        let mut large = Vec::new();
+        let views: &[Option<&ImageView<Mapping>>] = if n <= small.len() {
+            for (i, s) in small.iter_mut().enumerate().take(n) {
+                *s = Some(view(i)?);
+            }
+            &small[..n]
+        } else {
+            large.reserve(n);
+            for i in 0..n {
+                large.push(Some(view(i)?));
+            }
+            &large
+        };
+        found.fill(false);
+        let (mut hits, mut at) = (0u64, 0usize);
+        image_view::lookup(
+            (0..n).map(|i| (views[i].expect("every key has its view"), keys.key(i))),
+            |wire| {
+                if let Some(w) = wire {
+                    out.set(at, w);
+                    found[at] = true;
+                    hits += 1;
+                }
+                at += 1;
+            },
+        );
+        let r = &self.inner.shm;
+        r.hits.fetch_add(hits, Ordering::Relaxed);
+        if hits < n as u64 {
+            r.misses.fetch_add(n as u64 - hits, Ordering::Relaxed);
+        }
+        Some(version)
     }
 
     /// Answer the keys of `pending` whose partitions are mapped for (table, incarnation,
