@@ -106,6 +106,55 @@ def gets_per_second(kind: str, target: str, table: str, version: int, nkeys: int
     return float(sum(rates))
 
 
+def _pss(pid: int) -> tuple[int, int]:
+    """(Pss, Pss_Shmem) of a process in bytes, from /proc/PID/smaps_rollup."""
+    f = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] in ("Pss:", "Pss_Shmem:"):
+            f[parts[0]] = int(parts[1]) * 1024
+    return f.get("Pss:", 0), f.get("Pss_Shmem:", 0)
+
+
+def holder(kind: str, spec: str, table: str, version: int, nkeys: int, ready: Any, done: Any) -> None:
+    """A worker holding the model the way `kind` does, having read every key once; waits for `done`."""
+    keys = np.arange(nkeys, dtype=np.int64)
+    if kind == "dict":
+        t = ramgrid.connect(spec).table(table).pin(version, shared_memory=False)
+        model = {}
+        for lo in range(0, nkeys, 10_000):
+            vals = t.get_many(keys[lo : lo + 10_000])
+            model.update(zip(keys[lo : lo + 10_000].tolist(), vals))
+        assert len(model) == nkeys
+    else:
+        p = ramgrid.connect(spec).table(table).pin(version, shared_memory=(kind == "shm"))
+        for lo in range(0, nkeys, 10_000):
+            p.get_many(keys[lo : lo + 10_000])
+    ready.put(os.getpid())
+    done.wait()
+
+
+def memory_per_host(kind: str, g: Any, table: str, version: int, nkeys: int, workers: int) -> tuple[int, int]:
+    """(readers' bytes, host bytes) with `workers` processes holding the model as `kind`: PSS, so shared pages count
+    once; shared-memory segments counted once, whoever maps them (and the server's descriptors hold them)."""
+    ctx = mp.get_context("spawn")
+    ready, done = ctx.Queue(), ctx.Event()
+    ps = [ctx.Process(target=holder, args=(kind, g.spec, table, version, nkeys, ready, done)) for _ in range(workers)]
+    for p in ps:
+        p.start()
+    pids = [ready.get(timeout=300) for _ in ps]
+    readers = 0
+    for pid in pids:
+        pss, shmem = _pss(pid)
+        readers += pss - shmem
+    segments = int(g.client_stats()["shm_mapped_bytes"]) if kind == "shm" else 0
+    done.set()
+    for p in ps:
+        p.join(timeout=30)
+    server = 0 if kind == "dict" else sum(_pss(pid)[0] for pid in g.pids)
+    return readers + segments, readers + segments + server
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
@@ -229,6 +278,30 @@ def main() -> None:
                     gets_per_second("shm", g.spec, name, v, nkeys, n, secs),
                 ]
                 out(f"| {size} B | {n} | " + " | ".join(f"{r:,.0f}" for r in row) + " |")
+        out()
+        out("## Memory per host with 2 and 8 worker processes (PSS; a model of 4 KB values, every key read once)")
+        out()
+        out("Readers: the workers' PSS less their share of shared-memory pages, plus the segments once; host: readers")
+        out("plus the server (none for dict: each worker holds its own copy).")
+        out()
+        out("| workers | mode | readers, MiB | host, MiB |")
+        out("|---:|---|---:|---:|")
+        # A model of its own, small enough for 8 private copies: 20,000 values of 4 KB (quick: 5,000).
+        mem_keys = min(nkeys, 5_000 if args.quick else 20_000)
+        name = "model"
+        t = g.create_table(name, partitions=16, value_type="bytes")
+        with t.new_version() as w:
+            for lo in range(0, mem_keys, 5_000):
+                ks = list(range(lo, min(mem_keys, lo + 5_000)))
+                w.put_many(np.array(ks, dtype=np.int64), [value(k, 4096) for k in ks])
+        v = t.current_version()
+        # The driver maps the segments once itself, to report their size (the workers map the same pages).
+        keep = g.table(name).pin(v, shared_memory=True)
+        for workers in (2, 8):
+            for kind in ("dict", "tcp", "shm"):
+                r, h = memory_per_host(kind, g, name, v, mem_keys, workers)
+                out(f"| {workers} | {kind} | {r / 2**20:,.1f} | {h / 2**20:,.1f} |")
+        del keep
         out()
         g.close()
     finally:

@@ -1,5 +1,5 @@
 //! The flat image of a sealed partition: one byte format for a snapshot file, a partition copy
-//! on the wire, and (later) a read-only segment mapped by processes on the same host.
+//! on the wire, and a read-only segment mapped by processes on the same host (`image_view.rs`).
 //!
 //! The normative layout is docs/partition-image.md (format version 1). In short: a 192-byte
 //! header (magic, version, value type, counts, a (offset, length, xxh3-64) triple per section, a
