@@ -134,7 +134,9 @@ def holder(kind: str, spec: str, table: str, version: int, nkeys: int, ready: An
     done.wait()
 
 
-def memory_per_host(kind: str, g: Any, table: str, version: int, nkeys: int, workers: int) -> tuple[int, int]:
+def memory_per_host(
+    kind: str, g: Any, table: str, version: int, nkeys: int, workers: int, segments: int
+) -> tuple[int, int]:
     """(readers' bytes, host bytes) with `workers` processes holding the model as `kind`: PSS, so shared pages count
     once; shared-memory segments counted once, whoever maps them (and the server's descriptors hold them)."""
     ctx = mp.get_context("spawn")
@@ -147,12 +149,118 @@ def memory_per_host(kind: str, g: Any, table: str, version: int, nkeys: int, wor
     for pid in pids:
         pss, shmem = _pss(pid)
         readers += pss - shmem
-    segments = int(g.client_stats()["shm_mapped_bytes"]) if kind == "shm" else 0
+    segments = segments if kind == "shm" else 0
     done.set()
     for p in ps:
         p.join(timeout=30)
     server = 0 if kind == "dict" else sum(_pss(pid)[0] for pid in g.pids)
     return readers + segments, readers + segments + server
+
+
+def memory_section(out: Any, nkeys: int, quick: bool) -> None:
+    out("## Memory per host with 2 and 8 worker processes (PSS; a model of 4 KB values, every key read once)")
+    out()
+    out("A server of its own holding only the model. Readers: the workers' PSS less their share of shared-memory")
+    out("pages, plus the segments once; host: readers plus the server (none for dict: each worker holds a copy).")
+    out()
+    out("| workers | mode | readers, MiB | host, MiB |")
+    out("|---:|---|---:|---:|")
+    # 20,000 values of 4 KB (quick: 5,000): small enough for 8 private copies.
+    mem_keys = min(nkeys, 5_000 if quick else 20_000)
+    with ramgrid.local(servers=1, memory="1GiB") as g:
+        t = g.create_table("model", partitions=16, value_type="bytes")
+        with t.new_version() as w:
+            for lo in range(0, mem_keys, 5_000):
+                ks = list(range(lo, min(mem_keys, lo + 5_000)))
+                w.put_many(np.array(ks, dtype=np.int64), [value(k, 4096) for k in ks])
+        v = t.current_version()
+        # The driver maps the segments too, to learn their size (the workers map the same pages).
+        segments = int(t.pin(v, shared_memory=True).describe()["shared_memory"]["bytes"])
+        for workers in (2, 8):
+            for kind in ("dict", "tcp", "shm"):
+                r, h = memory_per_host(kind, g, "model", v, mem_keys, workers, segments)
+                out(f"| {workers} | {kind} | {r / 2**20:,.1f} | {h / 2**20:,.1f} |")
+    out()
+
+
+def latency_sections(out: Any, nkeys: int, secs: float, procs: list[int], mc_port: int) -> None:
+    from pymemcache.client.base import Client as Mc
+
+    g = ramgrid.local(servers=1, memory="2GiB", threads=4)
+    addr = g.addresses[0]
+    mcc = Mc(("127.0.0.1", mc_port))
+    tables: dict[int, tuple[str, int]] = {}
+    for size in SIZES:
+        name = f"v{size}"
+        t = g.create_table(name, partitions=16, value_type="bytes")
+        with t.new_version() as w:
+            for lo in range(0, nkeys, 10_000):
+                ks = list(range(lo, min(nkeys, lo + 10_000)))
+                w.put_many(np.array(ks, dtype=np.int64), [value(k, size) for k in ks])
+                mcc.set_many({f"{name}:{k}": value(k, size) for k in ks}, noreply=False)
+        tables[size] = (name, t.current_version())
+    out("## 1-key get latency from Python, by value size (mean ns per call)")
+    out()
+    out("| value | memcached (pymemcache) | ramgrid TCP | ramgrid shared memory | TCP / shm |")
+    out("|---:|---:|---:|---:|---:|")
+    rng = np.random.default_rng(1)
+    sample = rng.integers(0, nkeys, 2000).tolist()
+    for size in SIZES:
+        name, v = tables[size]
+        names = [f"{name}:{k}".encode() for k in sample]
+        m = per_call_ns(mcc.get, names, secs)
+        tcp = g.table(name).pin(v, shared_memory=False)
+        shm = g.table(name).pin(v, shared_memory=True)
+        r_tcp = per_call_ns(tcp.get, sample, secs)
+        r_shm = per_call_ns(shm.get, sample, secs)
+        out(f"| {size} B | {m:,.0f} | {r_tcp:,.0f} | {r_shm:,.0f} | {r_tcp / r_shm:.0f}x |")
+    out()
+    out("## 1,000-key batch from Python (ns per key)")
+    out()
+    out("| value | memcached get_many | ramgrid TCP | ramgrid shared memory |")
+    out("|---:|---:|---:|---:|")
+    batch = np.asarray(rng.integers(0, nkeys, 1000), dtype=np.int64)
+    for size in SIZES:
+        name, v = tables[size]
+        names = [f"{name}:{k}" for k in batch.tolist()]
+        m = per_call_ns(mcc.get_many, [names], secs) / 1000
+        tcp = g.table(name).pin(v, shared_memory=False)
+        shm = g.table(name).pin(v, shared_memory=True)
+        r_tcp = per_call_ns(tcp.lookup, [batch], secs) / 1000
+        r_shm = per_call_ns(shm.lookup, [batch], secs) / 1000
+        out(f"| {size} B | {m:,.0f} | {r_tcp:,.1f} | {r_shm:,.1f} |")
+    out()
+    ex = REPO / "target/release/examples/shm_get"
+    if ex.exists():
+        out("## From Rust (`Client::get_into`, crates/ramgrid-client/examples/shm_get.rs)")
+        out()
+        out("| value | mode | 1-key get, ns | 1,000-key batch, ns per key |")
+        out("|---:|---|---:|---:|")
+        import json
+
+        for size in SIZES:
+            name, v = tables[size]
+            res = subprocess.run(
+                [str(ex), addr, name, str(v), str(nkeys), str(secs)], capture_output=True, text=True, check=True
+            )
+            for row in map(json.loads, res.stdout.splitlines()):
+                out(f"| {size} B | {row['mode']} | {row['get1_ns']:,.0f} | {row['batch1000_ns_per_key']:,.1f} |")
+        out()
+    out("## Gets/s against reader processes (1-key gets, 4 B and 4 KB values)")
+    out()
+    out("| value | readers | memcached | ramgrid TCP | ramgrid shared memory |")
+    out("|---:|---:|---:|---:|---:|")
+    for size in (4, 4096):
+        name, v = tables[size]
+        for n in procs:
+            row = [
+                gets_per_second("memcached", f"127.0.0.1:{mc_port}", name, v, nkeys, n, secs),
+                gets_per_second("tcp", g.spec, name, v, nkeys, n, secs),
+                gets_per_second("shm", g.spec, name, v, nkeys, n, secs),
+            ]
+            out(f"| {size} B | {n} | " + " | ".join(f"{r:,.0f}" for r in row) + " |")
+    out()
+    g.close()
 
 
 def main() -> None:
@@ -162,10 +270,14 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, help="seconds per measurement (default 2; quick 0.5)")
     ap.add_argument("--procs", default="1,2,4,8,16", help="reader process counts")
     ap.add_argument("--out", type=Path, help="write the results as markdown here")
+    ap.add_argument(
+        "--sections", default="latency,memory", help="latency (latency, batches, Rust, gets/s) and/or memory"
+    )
     args = ap.parse_args()
     nkeys = args.keys or (10_000 if args.quick else 100_000)
     secs = args.seconds or (0.5 if args.quick else 2.0)
     procs = [int(x) for x in args.procs.split(",")]
+    sections = set(args.sections.split(","))
     mc_bin = shutil.which("memcached") or "/usr/bin/memcached"
     mc_port = free_port()
     mc_args = [mc_bin, "-p", str(mc_port), "-U", "0", "-l", "127.0.0.1", "-m", "2048", "-t", "4"]
@@ -186,21 +298,6 @@ def main() -> None:
         lines.append(s)
 
     try:
-        from pymemcache.client.base import Client as Mc
-
-        g = ramgrid.local(servers=1, memory="2GiB", threads=4)
-        addr = g.addresses[0]
-        mcc = Mc(("127.0.0.1", mc_port))
-        tables: dict[int, tuple[str, int]] = {}
-        for size in SIZES:
-            name = f"v{size}"
-            t = g.create_table(name, partitions=16, value_type="bytes")
-            with t.new_version() as w:
-                for lo in range(0, nkeys, 10_000):
-                    ks = list(range(lo, min(nkeys, lo + 10_000)))
-                    w.put_many(np.array(ks, dtype=np.int64), [value(k, size) for k in ks])
-                    mcc.set_many({f"{name}:{k}": value(k, size) for k in ks}, noreply=False)
-            tables[size] = (name, t.current_version())
         cpu = next(
             (
                 ln.split(":", 1)[1].strip()
@@ -218,92 +315,10 @@ def main() -> None:
         )
         out("one ramgrid server (4 threads) and one memcached (-t 4) on the same host; the same Python load generator.")
         out()
-        out("## 1-key get latency from Python, by value size (mean ns per call)")
-        out()
-        out("| value | memcached (pymemcache) | ramgrid TCP | ramgrid shared memory | TCP / shm |")
-        out("|---:|---:|---:|---:|---:|")
-        rng = np.random.default_rng(1)
-        sample = rng.integers(0, nkeys, 2000).tolist()
-        for size in SIZES:
-            name, v = tables[size]
-            names = [f"{name}:{k}".encode() for k in sample]
-            m = per_call_ns(mcc.get, names, secs)
-            tcp = g.table(name).pin(v, shared_memory=False)
-            shm = g.table(name).pin(v, shared_memory=True)
-            r_tcp = per_call_ns(tcp.get, sample, secs)
-            r_shm = per_call_ns(shm.get, sample, secs)
-            out(f"| {size} B | {m:,.0f} | {r_tcp:,.0f} | {r_shm:,.0f} | {r_tcp / r_shm:.0f}x |")
-        out()
-        out("## 1,000-key batch from Python (ns per key)")
-        out()
-        out("| value | memcached get_many | ramgrid TCP | ramgrid shared memory |")
-        out("|---:|---:|---:|---:|")
-        batch = np.asarray(rng.integers(0, nkeys, 1000), dtype=np.int64)
-        for size in SIZES:
-            name, v = tables[size]
-            names = [f"{name}:{k}" for k in batch.tolist()]
-            m = per_call_ns(mcc.get_many, [names], secs) / 1000
-            tcp = g.table(name).pin(v, shared_memory=False)
-            shm = g.table(name).pin(v, shared_memory=True)
-            r_tcp = per_call_ns(tcp.lookup, [batch], secs) / 1000
-            r_shm = per_call_ns(shm.lookup, [batch], secs) / 1000
-            out(f"| {size} B | {m:,.0f} | {r_tcp:,.1f} | {r_shm:,.1f} |")
-        out()
-        ex = REPO / "target/release/examples/shm_get"
-        if ex.exists():
-            out("## From Rust (`Client::get_into`, crates/ramgrid-client/examples/shm_get.rs)")
-            out()
-            out("| value | mode | 1-key get, ns | 1,000-key batch, ns per key |")
-            out("|---:|---|---:|---:|")
-            import json
-
-            for size in SIZES:
-                name, v = tables[size]
-                res = subprocess.run(
-                    [str(ex), addr, name, str(v), str(nkeys), str(secs)], capture_output=True, text=True, check=True
-                )
-                for row in map(json.loads, res.stdout.splitlines()):
-                    out(f"| {size} B | {row['mode']} | {row['get1_ns']:,.0f} | {row['batch1000_ns_per_key']:,.1f} |")
-            out()
-        out("## Gets/s against reader processes (1-key gets, 4 B and 4 KB values)")
-        out()
-        out("| value | readers | memcached | ramgrid TCP | ramgrid shared memory |")
-        out("|---:|---:|---:|---:|---:|")
-        for size in (4, 4096):
-            name, v = tables[size]
-            for n in procs:
-                row = [
-                    gets_per_second("memcached", f"127.0.0.1:{mc_port}", name, v, nkeys, n, secs),
-                    gets_per_second("tcp", g.spec, name, v, nkeys, n, secs),
-                    gets_per_second("shm", g.spec, name, v, nkeys, n, secs),
-                ]
-                out(f"| {size} B | {n} | " + " | ".join(f"{r:,.0f}" for r in row) + " |")
-        out()
-        out("## Memory per host with 2 and 8 worker processes (PSS; a model of 4 KB values, every key read once)")
-        out()
-        out("Readers: the workers' PSS less their share of shared-memory pages, plus the segments once; host: readers")
-        out("plus the server (none for dict: each worker holds its own copy).")
-        out()
-        out("| workers | mode | readers, MiB | host, MiB |")
-        out("|---:|---|---:|---:|")
-        # A model of its own, small enough for 8 private copies: 20,000 values of 4 KB (quick: 5,000).
-        mem_keys = min(nkeys, 5_000 if args.quick else 20_000)
-        name = "model"
-        t = g.create_table(name, partitions=16, value_type="bytes")
-        with t.new_version() as w:
-            for lo in range(0, mem_keys, 5_000):
-                ks = list(range(lo, min(mem_keys, lo + 5_000)))
-                w.put_many(np.array(ks, dtype=np.int64), [value(k, 4096) for k in ks])
-        v = t.current_version()
-        # The driver maps the segments once itself, to report their size (the workers map the same pages).
-        keep = g.table(name).pin(v, shared_memory=True)
-        for workers in (2, 8):
-            for kind in ("dict", "tcp", "shm"):
-                r, h = memory_per_host(kind, g, name, v, mem_keys, workers)
-                out(f"| {workers} | {kind} | {r / 2**20:,.1f} | {h / 2**20:,.1f} |")
-        del keep
-        out()
-        g.close()
+        if "latency" in sections:
+            latency_sections(out, nkeys, secs, procs, mc_port)
+        if "memory" in sections:
+            memory_section(out, nkeys, args.quick)
     finally:
         mc.terminate()
         mc.wait(timeout=10)
