@@ -61,12 +61,18 @@ impl Segments {
 
     /// Let go of every segment whose version, table or partition is no longer here.
     fn sweep(&self, native: &NativeState) {
-        self.fds.lock().retain(|(table, inc, version, p), _| {
-            native
-                .tables
-                .at(table, *version)
-                .is_ok_and(|tv| tv.spec().incarnation == *inc && tv.is_held(*p))
-        });
+        self.fds
+            .lock()
+            .retain(|(table, inc, version, p), (_, len)| {
+                let keep = native
+                    .tables
+                    .at(table, *version)
+                    .is_ok_and(|tv| tv.spec().incarnation == *inc && tv.is_held(*p));
+                if !keep {
+                    native.tables.release_outside(*len as usize);
+                }
+                keep
+            });
     }
 }
 
@@ -271,6 +277,7 @@ fn decide(
         ));
     }
     segments.sweep(native);
+    let mut no_room = Vec::new();
     let mut list = Vec::new();
     let mut fds = Vec::new();
     for p in 0..tv.spec().partitions {
@@ -283,17 +290,27 @@ fn decide(
             Some(x) => x,
             None => {
                 let mut img = tv.partition_image(p).map_err(|e| e.to_string())?;
+                // A segment is a second copy of the partition on this host (until the version is
+                // dropped): charged to --table-memory like the tables, so sharing never takes
+                // memory the operator did not give. Without room, the partition is read over TCP.
+                if !native.tables.try_charge_outside(img.len()) {
+                    no_room.push(p);
+                    continue;
+                }
                 if corrupt_for_tests() {
                     let mid = img.len() / 2;
                     img[mid] ^= 0x5a;
                 }
-                let fd = Arc::new(
-                    sealed_memfd(
-                        &format!("ramgrid:{}:v{}:p{p}", req.table, req.version),
-                        &img,
-                    )
-                    .map_err(|e| format!("memfd: {e}"))?,
-                );
+                let fd = match sealed_memfd(
+                    &format!("ramgrid:{}:v{}:p{p}", req.table, req.version),
+                    &img,
+                ) {
+                    Ok(fd) => Arc::new(fd),
+                    Err(e) => {
+                        native.tables.release_outside(img.len());
+                        return Err(format!("memfd: {e}"));
+                    }
+                };
                 let len = img.len() as u64;
                 segments.fds.lock().insert(key, (fd.clone(), len));
                 (fd, len)
@@ -301,6 +318,22 @@ fn decide(
         };
         list.push(Segment { partition: p, len });
         fds.push(fd);
+    }
+    if !no_room.is_empty() {
+        tracing::warn!(
+            table = %req.table,
+            version = req.version,
+            partitions = no_room.len(),
+            "no room in --table-memory for shared copies of some partitions; they are read over TCP"
+        );
+        if list.is_empty() {
+            return Err(format!(
+                "no room in --table-memory for a shared copy of {} partition(s) of {} version {}",
+                no_room.len(),
+                req.table,
+                req.version
+            ));
+        }
     }
     Ok((
         Reply::Granted {

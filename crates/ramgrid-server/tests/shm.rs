@@ -24,9 +24,10 @@ fn server(extra: &[&str]) -> ServerHandle {
         "127.0.0.1:0",
         "--threads",
         "2",
-        "--table-memory",
-        "256MiB",
     ];
+    if !extra.contains(&"--table-memory") {
+        args.extend_from_slice(&["--table-memory", "256MiB"]);
+    }
     args.extend_from_slice(extra);
     start(&Config::parse_from(args)).expect("server starts")
 }
@@ -235,4 +236,46 @@ fn a_version_dropped_while_mapped_stays_readable_and_the_server_lets_go() {
     // Once detached, the version is gone for this reader too.
     assert!(c.shm_detach("dropped", 0, v));
     assert!(c.get("dropped", Keys::I64(&keys), v).is_err());
+}
+
+#[test]
+fn shared_copies_are_charged_to_the_table_budget_and_what_does_not_fit_is_read_over_tcp() {
+    // The same table on a roomy server shows how much it takes; a second server gets room for the
+    // table and about half of a second copy, so some partitions are shared and the rest are not.
+    let roomy = server(&[]);
+    let probe = client(&[&roomy], None);
+    fill(&probe, "budget", ValueType::Bytes, 8, 1);
+    let used = roomy.native().tables.memory_used();
+    let limit = format!("{}B", used + used / 2);
+    let a = server(&["--table-memory", &limit]);
+    let c = client(&[&a], None);
+    let v = fill(&c, "budget", ValueType::Bytes, 8, 1);
+    let before = a.native().tables.memory_used();
+    let info = c.shm_attach("budget", 0, v).unwrap();
+    assert!(
+        !info.mapped.is_empty() && info.mapped.len() < 8,
+        "{info:?} (used {before} of {limit})"
+    );
+    let tables = &a.native().tables;
+    assert!(tables.memory_used() > before && tables.memory_used() <= tables.memory_limit());
+    let keys = all_keys();
+    let plain = client(&[&a], None);
+    assert!(same(
+        &c.get("budget", Keys::I64(&keys), v).unwrap(),
+        &plain.get("budget", Keys::I64(&keys), v).unwrap()
+    ));
+    let s = c.shm_stats();
+    assert!(s.hits > 0 && s.remote > 0, "{s:?}");
+    // Dropping the table gives the copies' charge back with the table's.
+    c.drop_table("budget").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a.shm().is_empty() || a.native().tables.memory_used() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "charge kept: {} bytes, {} segments",
+            a.native().tables.memory_used(),
+            a.shm().len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
