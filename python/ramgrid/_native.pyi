@@ -74,11 +74,19 @@ class Client:
     def incarnation(self, table: str) -> int:
         """The table's incarnation id as this client knows it (a table created again under its name has another)."""
     def get_many(
-        self, table: str, keys: KeysLike, version: int = 0, incarnation: int = 0
+        self, table: str, keys: KeysLike, version: int = 0, incarnation: int = 0, shared_memory: bool = True
     ) -> tuple[Any, npt.NDArray[np.bool_]]:
         """Returns (values, found). With `incarnation` (non-zero), refuses (TableNotFound) to read a table of that
-        name created since. values: float64/int64 ndarray (0 where missing) for numeric tables,
+        name created since. `shared_memory=False`: over TCP even if the version is mapped (shm_attach). values: float64/int64 ndarray (0 where missing) for numeric tables,
         float32 ndarray of shape (n, dim) for f32vec tables, list[bytes | None] for bytes tables."""
+    def shm_attach(self, table: str, version: int, incarnation: int = 0) -> dict[str, Any]:
+        """Maps the partitions of a pinned (sealed) version that servers on this host hold, so reads of that version
+        answer them from shared memory: {"mapped": [partition, ...], "bytes", "servers", "skipped":
+        [(server, why), ...]}. Counted: one shm_detach per attach."""
+    def shm_detach(self, table: str, version: int, incarnation: int = 0) -> bool: ...
+    def shm_stats(self) -> dict[str, int]:
+        """{"hits", "misses", "remote", "attached", "mapped_bytes"}: keys answered from shared memory (found, missing),
+        keys of attached versions read over TCP, versions attached, bytes mapped."""
     def put_many(self, table: str, keys: KeysLike, values: Any, version: int = 0, merge: str = "store") -> None:
         """values: a numpy array (numeric/f32vec tables; converted to the table's type with numpy's same_kind casting,
         which wraps and overflows silently: ramgrid.grid checks the values with `_keys.fit_values` first) or a list of

@@ -8,6 +8,7 @@ After a fork the child finds the pid changed and builds its own client; the pare
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -290,6 +291,12 @@ class Grid:
         self._client().drop_table(name)
         log.info("dropped table %s", name)
 
+    def client_stats(self) -> dict[str, int]:
+        """This process's client counters of shared memory (docs/shared-memory.md): "shm_hits" and "shm_misses"
+        (keys answered from mapped partitions, found or not), "shm_remote" (keys of mapped versions read over TCP),
+        "shm_attached" (versions mapped) and "shm_mapped_bytes"."""
+        return {f"shm_{k}": int(v) for k, v in self._client().shm_stats().items()}
+
     def stats(self) -> list[dict[str, Any]]:
         """One dict of counters per server, in spec order: the memcached `stats` counters, and under "tables" each
         table's figures on that server (from METRICS, see `ramgrid._metrics.table_figures`: items, bytes, versions,
@@ -383,6 +390,8 @@ class _Reader(_PipelinedReads):
     _read_version: int = 0
     # The table incarnation reads are meant for (0: whichever exists); set by PinnedTable.
     _read_incarnation: int = 0
+    # False: reads go over TCP even where this process maps the version (PinnedTable(shared_memory=False)).
+    _read_shm: bool = True
 
     def owners(self) -> list[list[str]]:
         """Who holds what: for each partition of the table (index = partition number, as `partition_of` gives
@@ -394,7 +403,7 @@ class _Reader(_PipelinedReads):
         """Returns `(values, found)`: values as `get_many` would, with zeros (numeric) or None (bytes) where
         `found` is False. Never raises for a missing key."""
         result: tuple[Any, np.ndarray] = self._client().get_many(
-            self.name, convert_keys(keys), self._read_version, self._read_incarnation
+            self.name, convert_keys(keys), self._read_version, self._read_incarnation, self._read_shm
         )
         return result
 
@@ -406,7 +415,9 @@ class _Reader(_PipelinedReads):
         is given, which then fills the missing slots (e.g. `default=np.nan`).
         """
         k = convert_keys(keys)
-        values, found = self._client().get_many(self.name, k, self._read_version, self._read_incarnation)
+        values, found = self._client().get_many(
+            self.name, k, self._read_version, self._read_incarnation, self._read_shm
+        )
         return self._finish_get(k, values, found, default)
 
     def _finish_get(self, k: Any, values: Any, found: np.ndarray, default: Any) -> Any:
@@ -427,7 +438,9 @@ class _Reader(_PipelinedReads):
 
     def get(self, key: Any, default: Any = RAISE) -> Any:
         """One key's value (a Python float/int, bytes, or a float32 vector); KeyError if missing and no default."""
-        values, found = self._client().get_many(self.name, [key], self._read_version, self._read_incarnation)
+        values, found = self._client().get_many(
+            self.name, [key], self._read_version, self._read_incarnation, self._read_shm
+        )
         if not found[0]:
             if default is RAISE:
                 raise KeysNotFound(f"key {key!r} not found in table {self.name!r}", [0], 1)
@@ -439,7 +452,7 @@ class _Reader(_PipelinedReads):
         return self.get(key)
 
     def __contains__(self, key: Any) -> bool:
-        _, found = self._client().get_many(self.name, [key], self._read_version, self._read_incarnation)
+        _, found = self._client().get_many(self.name, [key], self._read_version, self._read_incarnation, self._read_shm)
         return bool(found[0])
 
     def _client(self) -> Client:
@@ -529,13 +542,20 @@ class Table(_Operators, _Reader, _Scans, _Reduce):
         self._client().drop_version(self.name, int(version))
         log.info("dropped version %d of %s", int(version), self.name)
 
-    def pin(self, version: int | None = None) -> PinnedTable:
+    def pin(self, version: int | None = None, shared_memory: bool | None = None) -> PinnedTable:
         """A read-only handle on one version: `version`, or the current one resolved now, once. Pass it to a job's
-        tasks so every task reads the same version even if the table is switched meanwhile."""
+        tasks so every task reads the same version even if the table is switched meanwhile.
+
+        `shared_memory` (docs/shared-memory.md): the partitions that servers on this host hold are mapped read-only
+        and read in place, with no request; the others go over TCP in the same call. None (default): where it
+        applies (a sealed version, a server on this host), else TCP; False: never; True: raise RamgridError if
+        nothing could be mapped. Each process that unpickles the handle maps for itself."""
         v = self.current_version() if version is None else int(version)
         if v <= 0:
             raise ValueError(f"versions are numbered from 1, got {v}")
-        return PinnedTable(self._grid, self.name, v, self._client().incarnation(self.name))
+        if shared_memory not in (None, True, False):
+            raise ValueError(f"shared_memory must be None, True or False, got {shared_memory!r}")
+        return PinnedTable(self._grid, self.name, v, self._client().incarnation(self.name), shared_memory)
 
     def load(self, path: Any, **options: Any) -> Any:
         """Loads a file or directory into this table as a new version (see `ramgrid.load.load_table` for the options);
@@ -558,7 +578,9 @@ class Table(_Operators, _Reader, _Scans, _Reduce):
 class PinnedTable(_Operators, _Reader, _Scans, _Reduce):
     """A read-only handle on one version of a table. Pickles with its version, so tasks of a job agree on it."""
 
-    def __init__(self, grid: Grid, name: str, version: int, incarnation: int = 0) -> None:
+    def __init__(
+        self, grid: Grid, name: str, version: int, incarnation: int = 0, shared_memory: bool | None = False
+    ) -> None:
         self._grid = grid
         self.name = name
         self.version = int(version)
@@ -567,9 +589,57 @@ class PinnedTable(_Operators, _Reader, _Scans, _Reduce):
         # reads are refused (TableNotFound) rather than served from the new table.
         self.incarnation = int(incarnation)
         self._read_incarnation = self.incarnation
+        self.shared_memory = shared_memory
+        self._read_shm = shared_memory is not False
+        # What this process mapped (None: not asked); the client counts attaches, __del__ undoes this one.
+        self._shm: dict[str, Any] | None = None
+        self._attached = False
+        if shared_memory is not False:
+            self._attach(required=shared_memory is True)
+
+    def _attach(self, required: bool) -> None:
+        try:
+            info = dict(self._client().shm_attach(self.name, self.version, self.incarnation))
+        except RamgridError as e:
+            if required:
+                raise
+            info = {"mapped": [], "bytes": 0, "servers": [], "skipped": [("", str(e))]}
+        self._shm = info
+        self._attached = bool(info["mapped"])
+        if required and not self._attached:
+            why = "; ".join(f"{s or 'client'}: {w}" for s, w in info["skipped"]) or "no server on this host"
+            raise RamgridError(f"shared memory unavailable for {self.name!r} version {self.version}: {why}")
+        if self._attached:
+            log.debug(
+                "mapped %d partitions (%d bytes) of %s version %d",
+                len(info["mapped"]),
+                info["bytes"],
+                self.name,
+                self.version,
+            )
+
+    def __del__(self) -> None:
+        if getattr(self, "_attached", False):
+            self._attached = False
+            c = _existing_client(self._grid.config)
+            if c is not None:
+                # At interpreter shutdown the module may be half torn down: the mappings go with the process.
+                with contextlib.suppress(Exception):
+                    c.shm_detach(self.name, self.version, self.incarnation)
 
     def __reduce__(self) -> Any:
-        return (PinnedTable, (self._grid, self.name, self.version, self.incarnation))
+        return (PinnedTable, (self._grid, self.name, self.version, self.incarnation, self.shared_memory))
+
+    def describe(self) -> dict[str, Any]:
+        """The pinned version and what this process reads from shared memory: {"table", "version", "incarnation",
+        "shared_memory": None (not asked) or {"mapped": [partition, ...], "bytes", "servers", "skipped":
+        [(server, why), ...]}}."""
+        return {
+            "table": self.name,
+            "version": self.version,
+            "incarnation": self.incarnation,
+            "shared_memory": None if self._shm is None else dict(self._shm),
+        }
 
     def __repr__(self) -> str:
         return f"PinnedTable({self.name!r}, version={self.version}, servers={list(self._grid.servers)!r})"

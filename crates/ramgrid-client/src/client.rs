@@ -138,6 +138,8 @@ pub(crate) struct Inner {
     pub(crate) sealed: Mutex<HashMap<(String, u32), Option<Instant>>>,
     /// Smallest HELLO max_body seen (0 until a server told).
     pub(crate) max_body: AtomicU64,
+    /// Sealed versions mapped from servers on this host (shm.rs).
+    pub(crate) shm: crate::shm::Registry,
 }
 
 impl Drop for Inner {
@@ -280,6 +282,7 @@ impl Client {
             near: (config.near_cache_bytes > 0).then(|| NearCache::new(config.near_cache_bytes)),
             sealed: Mutex::new(HashMap::new()),
             max_body: AtomicU64::new(0),
+            shm: Default::default(),
         };
         let client = Client {
             inner: Arc::new(inner),

@@ -84,6 +84,11 @@ impl Client {
         out: &mut ValuesMut<'_>,
         found: &mut [bool],
     ) -> Result<u32> {
+        // A pinned version mapped from this host that holds every key's partition: answered
+        // there and then (shm.rs), with none of the bookkeeping a network read needs.
+        if let Some(v) = self.shm_whole(table, incarnation, keys, version, out, found) {
+            return Ok(v);
+        }
         let _call = self.call();
         keys.validate()?;
         let n = keys.len();
@@ -129,6 +134,13 @@ impl Client {
             None => (0..n as u32)
                 .filter(|&i| keys.key(i as usize).len() <= MAX_KEY_LEN)
                 .collect(),
+        };
+        // Partitions of a pinned version mapped from a server on this host are answered here,
+        // in place (shm.rs); the rest go over TCP below.
+        let pending = if version != 0 && !pending.is_empty() {
+            self.shm_serve(table, meta.incarnation, version, keys, pending, out, found)
+        } else {
+            pending
         };
         let mut version_read = version;
         let width = meta.value_type.width().unwrap_or(16);

@@ -6,3 +6,4 @@
 pub mod cluster;
 pub mod memcache;
 pub mod native;
+pub mod shm;

@@ -373,7 +373,7 @@ impl Client {
     }
 
     /// Returns (values, found); see the .pyi for the shapes.
-    #[pyo3(signature = (table, keys, version=0, incarnation=0))]
+    #[pyo3(signature = (table, keys, version=0, incarnation=0, shared_memory=true))]
     fn get_many<'py>(
         &self,
         py: Python<'py>,
@@ -381,6 +381,7 @@ impl Client {
         keys: &Bound<'py, PyAny>,
         version: u32,
         incarnation: u64,
+        shared_memory: bool,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
         let holder = KeyHolder::new(keys)?;
         let slices = holder.slices()?;
@@ -389,7 +390,14 @@ impl Client {
         let client = &self.inner;
         let got = py
             .allow_threads(|| {
-                client.get_chunked(table, incarnation, keys, version, CHUNK_KEYS, check_signals)
+                let read = || {
+                    client.get_chunked(table, incarnation, keys, version, CHUNK_KEYS, check_signals)
+                };
+                if shared_memory {
+                    read()
+                } else {
+                    ramgrid_client::shm::tcp_only(read)
+                }
             })
             .map_err(|e| chunked_to_py(py, e))?;
         let (values, found) = (got.values, got.found);
@@ -410,6 +418,46 @@ impl Client {
             }
         };
         Ok((values, found.into_pyarray(py).into_any()))
+    }
+
+    /// Maps the partitions of a pinned version held by servers on this host (shared memory);
+    /// returns {"mapped": [partition...], "bytes", "servers", "skipped": [(server, why)...]}.
+    #[pyo3(signature = (table, version, incarnation=0))]
+    fn shm_attach<'py>(
+        &self,
+        py: Python<'py>,
+        table: &str,
+        version: u32,
+        incarnation: u64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let info = py
+            .allow_threads(|| self.inner.shm_attach(table, incarnation, version))
+            .map_err(|e| to_py(py, e))?;
+        let d = PyDict::new(py);
+        d.set_item("mapped", info.mapped)?;
+        d.set_item("bytes", info.bytes)?;
+        d.set_item("servers", info.servers)?;
+        d.set_item("skipped", info.skipped)?;
+        Ok(d)
+    }
+
+    /// Undoes one shm_attach; False if the version was not attached.
+    #[pyo3(signature = (table, version, incarnation=0))]
+    fn shm_detach(&self, table: &str, version: u32, incarnation: u64) -> bool {
+        self.inner.shm_detach(table, incarnation, version)
+    }
+
+    /// Counters of reads answered from shared memory: {"hits", "misses", "remote", "attached",
+    /// "mapped_bytes"}.
+    fn shm_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.shm_stats();
+        let d = PyDict::new(py);
+        d.set_item("hits", s.hits)?;
+        d.set_item("misses", s.misses)?;
+        d.set_item("remote", s.remote)?;
+        d.set_item("attached", s.attached)?;
+        d.set_item("mapped_bytes", s.mapped_bytes)?;
+        Ok(d)
     }
 
     /// Writes values; raises BatchError listing the keys that were not stored.

@@ -94,6 +94,11 @@ pub struct Config {
     /// it every table lives in memory only.
     #[arg(long, env = "RAMGRID_DATA_DIR")]
     pub data_dir: Option<std::path::PathBuf>,
+    /// Shared memory for client processes on this host (docs/shared-memory.md): the directory of
+    /// the Unix socket through which they map sealed versions (`shm-<ip>-<port>.sock`). `auto`:
+    /// `$XDG_RUNTIME_DIR/ramgrid`, else `/tmp/ramgrid-<uid>`; `off`: no socket.
+    #[arg(long, env = "RAMGRID_SHM_DIR", default_value = "auto")]
+    pub shm_dir: String,
     /// Serve Prometheus metrics over HTTP (`GET /metrics`) on this address; off by default. The
     /// endpoint has no authentication: a non-loopback address also needs --insecure-no-auth.
     #[arg(long, env = "RAMGRID_METRICS")]

@@ -21,6 +21,7 @@ pub mod persist;
 pub mod repair;
 pub mod run;
 pub mod server;
+pub mod shm;
 pub mod stats;
 pub mod tls;
 pub mod wal;

@@ -40,6 +40,7 @@ pub struct ServerHandle {
     stop: watch::Sender<bool>,
     stopping: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
+    shm: Arc<crate::shm::Segments>,
 }
 
 impl ServerHandle {
@@ -61,6 +62,11 @@ impl ServerHandle {
     /// Native-protocol state (tables, cluster spec), for tests and embedding.
     pub fn native(&self) -> &Arc<NativeState> {
         &self.native
+    }
+
+    /// The shared-memory segments this server keeps for local readers (shm.rs).
+    pub fn shm(&self) -> &Arc<crate::shm::Segments> {
+        &self.shm
     }
 
     /// Stops accepting, lets connections finish the request in hand, and waits for every thread
@@ -245,6 +251,12 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         native.repair.needs_catalog.store(true, Ordering::Release);
     }
     native.repair.wake();
+    let shm = Arc::new(crate::shm::Segments::default());
+    if let Some(path) = crate::shm::socket_for(Some(&config.shm_dir), &addr.to_string()) {
+        if let Some(h) = crate::shm::start(path, native.clone(), shm.clone(), stopping.clone()) {
+            handles.push(h);
+        }
+    }
     let mut metrics_addr = None;
     if let Some(at) = config.metrics {
         let l = TcpListener::bind(at).with_context(|| format!("cannot serve metrics on {at}"))?;
@@ -297,6 +309,7 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         stop: stop_tx,
         stopping,
         threads: handles,
+        shm,
     })
 }
 

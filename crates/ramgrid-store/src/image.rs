@@ -1,5 +1,5 @@
 //! The flat image of a sealed partition: one byte format for a snapshot file, a partition copy
-//! on the wire, and (later) a read-only segment mapped by processes on the same host.
+//! on the wire, and a read-only segment mapped by processes on the same host (`image_view.rs`).
 //!
 //! The normative layout is docs/partition-image.md (format version 1). In short: a 192-byte
 //! header (magic, version, value type, counts, a (offset, length, xxh3-64) triple per section, a
@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::index::{Index, BUCKET_BYTES};
+use crate::index::{Index, Probe, BUCKET_BYTES};
 use crate::memory::Budget;
 use crate::tables::partition::{
     entry_at, key_at, key_hash, key_record_len, read_u32, Column, PartData,
@@ -42,11 +42,11 @@ const HEADER_SUM_AT: usize = HEADER_LEN - 8;
 const SECTIONS_AT: usize = 48;
 
 /// Section numbers, in file order.
-const INDEX: usize = 0;
-const KEYS: usize = 1;
-const KEY_OFFS: usize = 2;
-const VALUES: usize = 3;
-const VALUE_OFFS: usize = 4;
+pub(crate) const INDEX: usize = 0;
+pub(crate) const KEYS: usize = 1;
+pub(crate) const KEY_OFFS: usize = 2;
+pub(crate) const VALUES: usize = 3;
+pub(crate) const VALUE_OFFS: usize = 4;
 const SECTIONS: usize = 5;
 const SECTION_NAMES: [&str; SECTIONS] = [
     "index",
@@ -167,7 +167,7 @@ pub(crate) fn write_image(d: &PartData, w: &mut impl Write) -> io::Result<u64> {
     Ok(bytes.len() as u64)
 }
 
-fn bad(what: impl Into<String>) -> Error {
+pub(crate) fn bad(what: impl Into<String>) -> Error {
     Error::CorruptImage(what.into())
 }
 
@@ -180,13 +180,13 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 }
 
 /// A header that passed its checks: the value type, item and bucket counts, and each section.
-struct Header {
-    value_type: ValueType,
-    items: usize,
-    sections: [(usize, usize); SECTIONS],
+pub(crate) struct Header {
+    pub(crate) value_type: ValueType,
+    pub(crate) items: usize,
+    pub(crate) sections: [(usize, usize); SECTIONS],
 }
 
-fn read_header(img: &[u8]) -> Result<Header> {
+pub(crate) fn read_header(img: &[u8]) -> Result<Header> {
     if img.len() < HEADER_LEN {
         return Err(bad(format!(
             "truncated: {} bytes, a header alone is {HEADER_LEN}",
@@ -368,37 +368,27 @@ pub(crate) fn read_image(
     Ok(d)
 }
 
-fn rebuild<'a>(
-    h: &Header,
-    sec: impl Fn(usize) -> &'a [u8],
-    meter: &Arc<Budget>,
-    ahead: usize,
-) -> Result<PartData> {
-    let n = h.items;
-    let key_offs: Vec<u32> = sec(KEY_OFFS)
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-        .collect();
-    let keys = sec(KEYS).to_vec();
-    // Walk the key arena: it must be exactly the n live records, each naming the entry whose
-    // key offset points back at it (so records and entries are in one-to-one correspondence).
+/// Check 3 of docs/partition-image.md: the key arena is exactly `n` whole records, each naming
+/// an entry whose key offset (`key_offs`, `n` u32 LE) points back at it, so records and entries
+/// correspond one to one; padding zero.
+pub(crate) fn check_key_arena(keys: &[u8], key_offs: &[u8], n: usize) -> Result<()> {
     let mut at = 0;
     let mut records = 0usize;
     while at < keys.len() {
         if at + 8 > keys.len() {
             return Err(bad(format!("key record at {at} is cut off")));
         }
-        let rec = key_record_len(read_u32(&keys, at) as usize);
+        let rec = key_record_len(read_u32(keys, at) as usize);
         if rec > keys.len() - at {
             return Err(bad(format!("key record at {at} runs past the key arena")));
         }
-        let e = read_u32(&keys, at + 4) as usize;
-        if key_offs.get(e) != Some(&((at / 4) as u32)) {
+        let e = read_u32(keys, at + 4) as usize;
+        if key_off(key_offs, e) != Some((at / 4) as u32) {
             return Err(bad(format!(
                 "key record at {at} names entry {e}, whose key offset is elsewhere"
             )));
         }
-        let key_end = at + 8 + read_u32(&keys, at) as usize;
+        let key_end = at + 8 + read_u32(keys, at) as usize;
         if keys[key_end..at + rec].iter().any(|&b| b != 0) {
             return Err(bad(format!("key record at {at}: padding is not zero")));
         }
@@ -408,27 +398,36 @@ fn rebuild<'a>(
     if records != n {
         return Err(bad(format!("{records} key records for {n} items")));
     }
+    Ok(())
+}
+
+/// Entry `e`'s key slot, from the key offsets section.
+#[inline]
+fn key_off(key_offs: &[u8], e: usize) -> Option<u32> {
+    let at = e.checked_mul(4)?;
+    key_offs
+        .get(at..at + 4)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+}
+
+/// Check 4 of docs/partition-image.md, after [`check_key_arena`] and with the index's occupied
+/// places counted equal to the items: every key record is found at its own slot by a reader's
+/// lookup. Returns the largest probe distance, the bound lookups then use.
+pub(crate) fn check_index(index: Probe<'_>, keys: &[u8], key_offs: &[u8]) -> Result<usize> {
     // Every key offset now points at a record start (each record claimed its entry's offset).
-    // The index: every key must be where a lookup finds it, at its own slot. Walking the arena
-    // in order keeps the key reads sequential; the buckets are prefetched a group ahead, so the
-    // check costs about one overlapped cache miss per key (a plain lookup per key was half of
-    // the load time). Each key is located at a distinct place (one slot per place), so with
-    // `n` occupied places in all, the index holds exactly the keys and nothing else.
-    let mut index = Index::from_image(sec(INDEX)).map_err(bad)?;
-    if index.len() != n {
-        return Err(bad(format!(
-            "index holds {} keys for {n} items",
-            index.len()
-        )));
-    }
+    // Walking the arena in order keeps the key reads sequential; the buckets are prefetched a
+    // group ahead, so the check costs about one overlapped cache miss per key (a plain lookup
+    // per key was half of the load time). Each key is located at a distinct place (one slot per
+    // place), so with `n` occupied places in all, the index holds exactly the keys and nothing
+    // else.
     // A slot some place holds is compared as a key only if it is a record start (key offsets
-    // all are now, each claimed by its record above).
+    // all are now, each claimed by its record).
     let is_record = |slot: u32| {
         let s = slot as usize;
         s.checked_mul(4)
             .and_then(|x| x.checked_add(8))
             .is_some_and(|end| end <= keys.len())
-            && key_offs.get(entry_at(&keys, slot)) == Some(&slot)
+            && key_off(key_offs, entry_at(keys, slot)) == Some(slot)
     };
     const AHEAD: usize = 16;
     let mut window = [(0u32, 0u64); AHEAD];
@@ -437,17 +436,17 @@ fn rebuild<'a>(
         let mut len = 0;
         while len < AHEAD && at < keys.len() {
             let slot = (at / 4) as u32;
-            let h = key_hash(key_at(&keys, slot));
+            let h = key_hash(key_at(keys, slot));
             index.prefetch(h);
             window[len] = (slot, h);
             len += 1;
-            at += key_record_len(read_u32(&keys, at) as usize);
+            at += key_record_len(read_u32(keys, at) as usize);
         }
         for &(slot, h) in &window[..len] {
-            let key = key_at(&keys, slot);
+            let key = key_at(keys, slot);
             let d = index
                 .locate(h, slot, |other| {
-                    is_record(other) && key_at(&keys, other) == key
+                    is_record(other) && key_at(keys, other) == key
                 })
                 .ok_or_else(|| {
                     bad(format!(
@@ -459,7 +458,64 @@ fn rebuild<'a>(
             max_probe = max_probe.max(d);
         }
     }
+    Ok(max_probe)
+}
+
+/// Check 5 of docs/partition-image.md (bytes tables): the value arena is exactly `n` whole
+/// records and the value offsets (`n` u64 LE) are a permutation of their starts. Returns the
+/// offsets.
+pub(crate) fn check_value_arena(vals: &[u8], value_offs: &[u8], n: usize) -> Result<Vec<u64>> {
+    let offs: Vec<u64> = value_offs
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    let mut starts = Vec::with_capacity(n);
+    let mut at = 0usize;
+    while at < vals.len() {
+        if at + 4 > vals.len() {
+            return Err(bad(format!("value record at {at} is cut off")));
+        }
+        let len = read_u32(vals, at) as usize;
+        if len > vals.len() - at - 4 {
+            return Err(bad(format!(
+                "value record at {at} runs past the value arena"
+            )));
+        }
+        starts.push(at as u64);
+        at += 4 + len;
+    }
+    let mut sorted = offs.clone();
+    sorted.sort_unstable();
+    if sorted != starts {
+        return Err(bad(
+            "value offsets are not one per value record of the arena",
+        ));
+    }
+    Ok(offs)
+}
+
+fn rebuild<'a>(
+    h: &Header,
+    sec: impl Fn(usize) -> &'a [u8],
+    meter: &Arc<Budget>,
+    ahead: usize,
+) -> Result<PartData> {
+    let n = h.items;
+    check_key_arena(sec(KEYS), sec(KEY_OFFS), n)?;
+    let mut index = Index::from_image(sec(INDEX)).map_err(bad)?;
+    if index.len() != n {
+        return Err(bad(format!(
+            "index holds {} keys for {n} items",
+            index.len()
+        )));
+    }
+    let max_probe = check_index(index.probe(), sec(KEYS), sec(KEY_OFFS))?;
     index.set_max_probe(max_probe);
+    let key_offs: Vec<u32> = sec(KEY_OFFS)
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect();
+    let keys = sec(KEYS).to_vec();
     let vals = sec(VALUES);
     let col = match h.value_type {
         ValueType::I64 => Column::I64(
@@ -480,33 +536,7 @@ fn rebuild<'a>(
                 .collect(),
         },
         ValueType::Bytes => {
-            let offs: Vec<u64> = sec(VALUE_OFFS)
-                .chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-                .collect();
-            // The arena must be exactly n records, and the offsets a permutation of their starts.
-            let mut starts = Vec::with_capacity(n);
-            let mut at = 0usize;
-            while at < vals.len() {
-                if at + 4 > vals.len() {
-                    return Err(bad(format!("value record at {at} is cut off")));
-                }
-                let len = read_u32(vals, at) as usize;
-                if len > vals.len() - at - 4 {
-                    return Err(bad(format!(
-                        "value record at {at} runs past the value arena"
-                    )));
-                }
-                starts.push(at as u64);
-                at += 4 + len;
-            }
-            let mut sorted = offs.clone();
-            sorted.sort_unstable();
-            if sorted != starts {
-                return Err(bad(
-                    "value offsets are not one per value record of the arena",
-                ));
-            }
+            let offs = check_value_arena(vals, sec(VALUE_OFFS), n)?;
             Column::Bytes {
                 arena: vals.to_vec(),
                 offs,
@@ -545,7 +575,7 @@ pub fn reencode(img: &[u8]) -> Result<Vec<u8>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::BTreeMap;
 
     use proptest::prelude::*;
@@ -558,7 +588,7 @@ mod tests {
     const MAXV: usize = 1 << 20;
 
     /// A value of `t` made from `x` (so a model can hold it as bytes).
-    fn value_of(t: ValueType, x: u64) -> Vec<u8> {
+    pub(crate) fn value_of(t: ValueType, x: u64) -> Vec<u8> {
         match t {
             ValueType::I64 => (x as i64).wrapping_mul(-7).to_le_bytes().to_vec(),
             ValueType::F64 => (x as f64 * 0.5 - 3.0).to_le_bytes().to_vec(),
@@ -589,7 +619,7 @@ mod tests {
 
     /// A frozen partition after `ops` random puts, overwrites and deletes over `keys` keys, and
     /// the model of what it must hold.
-    fn build(
+    pub(crate) fn build(
         t: ValueType,
         ops: usize,
         keys: u64,
@@ -625,7 +655,7 @@ mod tests {
         assert_eq!(d.find(b"absent", key_hash(b"absent")), None);
     }
 
-    const TYPES: [ValueType; 6] = [
+    pub(crate) const TYPES: [ValueType; 6] = [
         ValueType::Bytes,
         ValueType::I64,
         ValueType::F64,
@@ -747,7 +777,7 @@ mod tests {
     }
 
     /// Recompute every checksum, as a forger (or a bug on the writing side) would.
-    fn reseal(img: &mut [u8]) {
+    pub(crate) fn reseal(img: &mut [u8]) {
         for i in 0..SECTIONS {
             let at = SECTIONS_AT + 24 * i;
             let (off, len) = (u64_at(img, at) as usize, u64_at(img, at + 8) as usize);

@@ -113,6 +113,203 @@ fn tag(h: u64) -> u16 {
     (h as u16).max(1)
 }
 
+/// A read-only view of an index's buckets: what every lookup needs, over buckets that live in
+/// an [`Index`] or in a mapped partition image (docs/partition-image.md, section 0, which is
+/// [`Bucket`]'s layout byte for byte on a little-endian machine).
+#[derive(Clone, Copy)]
+pub(crate) struct Probe<'a> {
+    buckets: &'a [Bucket],
+    /// Most buckets past its home that any key had to go: [`Probe::find`] stops there.
+    max_probe: usize,
+}
+
+impl<'a> Probe<'a> {
+    /// View the index section of an image in place, checking what one bucket can say (overflow
+    /// flags 0 or 1, padding zero); returns the view (with `max_probe` 0: the caller finds the
+    /// bound by locating every key, then views the bytes again with [`Probe::over_checked`]) and the occupied places.
+    /// `bytes` must start on a 64-byte boundary (a mapped image's index section does).
+    pub(crate) fn from_image(bytes: &'a [u8]) -> Result<(Probe<'a>, usize), String> {
+        if !cfg!(target_endian = "little") {
+            return Err("images are mapped in place only on little-endian machines".into());
+        }
+        if !bytes.len().is_multiple_of(BUCKET_BYTES) {
+            return Err(format!(
+                "index length {} is not a multiple of {BUCKET_BYTES}",
+                bytes.len()
+            ));
+        }
+        if !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<Bucket>()) {
+            return Err("index section is not on a 64-byte boundary".into());
+        }
+        let n = bytes.len() / BUCKET_BYTES;
+        // SAFETY: the pointer is aligned for `Bucket` (checked above), the bytes are `n` whole
+        // buckets and live for 'a, and `Bucket` is `repr(C)` of integers only, without padding
+        // (10 x u16, 10 x u32, u16, u16 = 64 bytes), so every bit pattern is a valid value. On a
+        // little-endian machine the in-memory layout is the image's layout.
+        let buckets: &'a [Bucket] =
+            unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<Bucket>(), n) };
+        let mut len = 0;
+        for (b, bucket) in buckets.iter().enumerate() {
+            if bucket.overflow > 1 || bucket._pad != 0 {
+                return Err(format!("index bucket {b}: bad overflow flag or padding"));
+            }
+            len += bucket.tags.iter().filter(|&&t| t != 0).count();
+        }
+        Ok((
+            Probe {
+                buckets,
+                max_probe: 0,
+            },
+            len,
+        ))
+    }
+
+    /// The view of buckets [`Probe::from_image`] accepted before, again (it borrows what the
+    /// caller holds, so the caller keeps the checked facts, not the view).
+    ///
+    /// # Panics
+    /// If `bytes` is not 64-byte aligned or not whole buckets: a caller bug, never the image's.
+    #[inline]
+    pub(crate) fn over_checked(bytes: &'a [u8], max_probe: usize) -> Probe<'a> {
+        assert!(
+            (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<Bucket>())
+                && bytes.len().is_multiple_of(BUCKET_BYTES),
+            "index bytes not aligned to buckets"
+        );
+        // SAFETY: as in `from_image`: aligned (asserted), whole buckets (asserted), alive for
+        // 'a, and every bit pattern is a `Bucket`. The per-bucket checks only make lookups
+        // meaningful, not sound: any bucket contents are safe to read.
+        let buckets = unsafe {
+            std::slice::from_raw_parts(bytes.as_ptr().cast::<Bucket>(), bytes.len() / BUCKET_BYTES)
+        };
+        Probe { buckets, max_probe }
+    }
+
+    #[inline]
+    fn home(&self, h: u64) -> usize {
+        home(h, self.buckets.len())
+    }
+
+    #[inline]
+    fn next(&self, b: usize) -> usize {
+        if b + 1 == self.buckets.len() {
+            0
+        } else {
+            b + 1
+        }
+    }
+
+    /// Start loading the home bucket of `h` into the cache.
+    #[inline]
+    pub(crate) fn prefetch(&self, h: u64) {
+        if !self.buckets.is_empty() {
+            prefetch(self.buckets.as_ptr().wrapping_add(self.home(h)));
+        }
+    }
+
+    /// Look at the home bucket only, comparing tags but not keys.
+    #[inline]
+    pub(crate) fn first_candidate(&self, h: u64) -> Candidate {
+        if self.buckets.is_empty() {
+            return Candidate::Absent;
+        }
+        let b = &self.buckets[self.home(h)];
+        let t = tag(h);
+        match b.tags.iter().position(|&x| x == t) {
+            Some(i) => Candidate::Slot(b.slots[i]),
+            None if b.overflow == 0 => Candidate::Absent,
+            None => Candidate::Unsure,
+        }
+    }
+
+    /// Start loading the bucket after the home bucket of `h`, where a key that is not in its
+    /// home bucket almost always is (see [`Probe::second_candidate`]).
+    #[inline]
+    pub(crate) fn prefetch_spill(&self, h: u64) {
+        if !self.buckets.is_empty() {
+            let b = self.next(self.home(h));
+            prefetch(self.buckets.as_ptr().wrapping_add(b));
+        }
+    }
+
+    /// For a hash whose home bucket said [`Candidate::Unsure`]: what the next bucket says, by
+    /// tags only. `Absent` is sure: a key that went past the next bucket on its insert would have
+    /// set that bucket's overflow flag. At the load this index keeps, ~3% of keys are not in
+    /// their home bucket, and nearly all of those are in the next one.
+    #[inline]
+    pub(crate) fn second_candidate(&self, h: u64) -> Candidate {
+        if self.buckets.is_empty() {
+            return Candidate::Absent;
+        }
+        let b = &self.buckets[self.next(self.home(h))];
+        let t = tag(h);
+        match b.tags.iter().position(|&x| x == t) {
+            Some(i) => Candidate::Slot(b.slots[i]),
+            None if b.overflow == 0 => Candidate::Absent,
+            None => Candidate::Unsure,
+        }
+    }
+
+    /// The slot of the key with hash `h` for which `eq(slot)` holds.
+    #[inline]
+    pub(crate) fn find(&self, h: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
+        if self.buckets.is_empty() {
+            return None;
+        }
+        let t = tag(h);
+        let mut b = self.home(h);
+        for _ in 0..=self.max_probe {
+            let bucket = &self.buckets[b];
+            for i in 0..WAYS {
+                if bucket.tags[i] == t && eq(bucket.slots[i]) {
+                    return Some(bucket.slots[i]);
+                }
+            }
+            if bucket.overflow == 0 {
+                return None;
+            }
+            b = self.next(b);
+        }
+        None
+    }
+
+    /// For a key with hash `h` stored at `slot`: how many buckets past its home the place holding
+    /// (tag of `h`, `slot`) is, provided [`Probe::find`] would stop there: every bucket passed has
+    /// its overflow flag, and no place before it with the same tag holds a slot for which
+    /// `same_key` says the key is equal (a duplicate that `find` would return instead). `None` if
+    /// `find` would not return this slot.
+    pub(crate) fn locate(
+        &self,
+        h: u64,
+        slot: u32,
+        mut same_key: impl FnMut(u32) -> bool,
+    ) -> Option<usize> {
+        if self.buckets.is_empty() {
+            return None;
+        }
+        let t = tag(h);
+        let mut b = self.home(h);
+        for d in 0..self.buckets.len() {
+            let bucket = &self.buckets[b];
+            for i in 0..WAYS {
+                if bucket.tags[i] == t {
+                    if bucket.slots[i] == slot {
+                        return Some(d);
+                    }
+                    if same_key(bucket.slots[i]) {
+                        return None;
+                    }
+                }
+            }
+            if bucket.overflow == 0 {
+                return None;
+            }
+            b = self.next(b);
+        }
+        None
+    }
+}
+
 /// The index. Keys themselves live in the partition's key arena; the index stores their slots
 /// and asks the caller to compare keys (`eq`) and to re-hash slots when it rebuilds.
 pub(crate) struct Index {
@@ -186,12 +383,20 @@ impl Index {
         }
     }
 
+    /// The read-only view lookups go through (also what a mapped image offers, see
+    /// [`Probe::from_image`]).
+    #[inline]
+    pub(crate) fn probe(&self) -> Probe<'_> {
+        Probe {
+            buckets: &self.buckets,
+            max_probe: self.max_probe,
+        }
+    }
+
     /// Start loading the home bucket of `h` into the cache.
     #[inline]
     pub(crate) fn prefetch(&self, h: u64) {
-        if !self.buckets.is_empty() {
-            prefetch(self.buckets.as_ptr().wrapping_add(self.home(h)));
-        }
+        self.probe().prefetch(h)
     }
 
     /// Where the buckets are, for [`BucketHint`]: readers that hold no lock may prefetch from it.
@@ -200,70 +405,29 @@ impl Index {
         (self.buckets.as_ptr().cast(), self.buckets.len())
     }
 
-    /// Look at the home bucket only, comparing tags but not keys.
+    /// [`Probe::first_candidate`].
     #[inline]
     pub(crate) fn first_candidate(&self, h: u64) -> Candidate {
-        if self.buckets.is_empty() {
-            return Candidate::Absent;
-        }
-        let b = &self.buckets[self.home(h)];
-        let t = tag(h);
-        match b.tags.iter().position(|&x| x == t) {
-            Some(i) => Candidate::Slot(b.slots[i]),
-            None if b.overflow == 0 => Candidate::Absent,
-            None => Candidate::Unsure,
-        }
+        self.probe().first_candidate(h)
     }
 
-    /// Start loading the bucket after the home bucket of `h`, where a key that is not in its
-    /// home bucket almost always is (see [`Index::second_candidate`]).
+    /// [`Probe::prefetch_spill`].
     #[inline]
     pub(crate) fn prefetch_spill(&self, h: u64) {
-        if !self.buckets.is_empty() {
-            let b = self.next(self.home(h));
-            prefetch(self.buckets.as_ptr().wrapping_add(b));
-        }
+        self.probe().prefetch_spill(h)
     }
 
-    /// For a hash whose home bucket said [`Candidate::Unsure`]: what the next bucket says, by
-    /// tags only. `Absent` is sure: a key that went past the next bucket on its insert would have
-    /// set that bucket's overflow flag. At the load this index keeps, ~3% of keys are not in
-    /// their home bucket, and nearly all of those are in the next one.
+    /// [`Probe::second_candidate`].
+    #[cfg_attr(not(test), expect(dead_code, reason = "lookups go through probe()"))]
     #[inline]
     pub(crate) fn second_candidate(&self, h: u64) -> Candidate {
-        if self.buckets.is_empty() {
-            return Candidate::Absent;
-        }
-        let b = &self.buckets[self.next(self.home(h))];
-        let t = tag(h);
-        match b.tags.iter().position(|&x| x == t) {
-            Some(i) => Candidate::Slot(b.slots[i]),
-            None if b.overflow == 0 => Candidate::Absent,
-            None => Candidate::Unsure,
-        }
+        self.probe().second_candidate(h)
     }
 
     /// The slot of the key with hash `h` for which `eq(slot)` holds.
     #[inline]
-    pub(crate) fn find(&self, h: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
-        if self.buckets.is_empty() {
-            return None;
-        }
-        let t = tag(h);
-        let mut b = self.home(h);
-        for _ in 0..=self.max_probe {
-            let bucket = &self.buckets[b];
-            for i in 0..WAYS {
-                if bucket.tags[i] == t && eq(bucket.slots[i]) {
-                    return Some(bucket.slots[i]);
-                }
-            }
-            if bucket.overflow == 0 {
-                return None;
-            }
-            b = self.next(b);
-        }
-        None
+    pub(crate) fn find(&self, h: u64, eq: impl FnMut(u32) -> bool) -> Option<u32> {
+        self.probe().find(h, eq)
     }
 
     /// Add a key known to be absent. The caller made room with [`Index::grow`] when
@@ -429,42 +593,6 @@ impl Index {
             spilled,
             spilled_at_rebuild: spilled,
         })
-    }
-
-    /// For a key with hash `h` stored at `slot`: how many buckets past its home the place holding
-    /// (tag of `h`, `slot`) is, provided [`Index::find`] would stop there: every bucket passed has
-    /// its overflow flag, and no place before it with the same tag holds a slot for which
-    /// `same_key` says the key is equal (a duplicate that `find` would return instead). `None` if
-    /// `find` would not return this slot.
-    pub(crate) fn locate(
-        &self,
-        h: u64,
-        slot: u32,
-        mut same_key: impl FnMut(u32) -> bool,
-    ) -> Option<usize> {
-        if self.buckets.is_empty() {
-            return None;
-        }
-        let t = tag(h);
-        let mut b = self.home(h);
-        for d in 0..self.buckets.len() {
-            let bucket = &self.buckets[b];
-            for i in 0..WAYS {
-                if bucket.tags[i] == t {
-                    if bucket.slots[i] == slot {
-                        return Some(d);
-                    }
-                    if same_key(bucket.slots[i]) {
-                        return None;
-                    }
-                }
-            }
-            if bucket.overflow == 0 {
-                return None;
-            }
-            b = self.next(b);
-        }
-        None
     }
 
     /// Set the probe bound [`Index::find`] uses (after [`Index::from_image`]: the largest

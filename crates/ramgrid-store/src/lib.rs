@@ -8,6 +8,7 @@
 pub mod cache;
 pub mod clock;
 pub mod image;
+pub mod image_view;
 mod index;
 pub mod memory;
 pub mod ops;

@@ -918,6 +918,18 @@ impl Tables {
         self.meter.limit()
     }
 
+    /// Charges `n` bytes that hold table data outside the tables (a sealed partition's image
+    /// shared with readers on this host) to the tables' budget, if it has room; false (nothing
+    /// charged) otherwise. Give them back with [`Tables::release_outside`].
+    pub fn try_charge_outside(&self, n: usize) -> bool {
+        self.meter.try_charge(n)
+    }
+
+    /// Gives back `n` bytes taken by [`Tables::try_charge_outside`].
+    pub fn release_outside(&self, n: usize) {
+        self.meter.release(n)
+    }
+
     fn table(&self, name: &str) -> Result<Arc<Table>> {
         self.tables
             .read()

@@ -86,7 +86,7 @@ def build_parser(prog: str = "ramgrid demo lm") -> argparse.ArgumentParser:
         "--peers",
         type=_names(PEERS),
         default=PEERS,
-        help="systems to run (default ramgrid,near,memcached,dict; near = ramgrid with its near cache)",
+        help="systems to run (default ramgrid,near,shm,memcached,dict; near = ramgrid with its near cache, shm = ramgrid read from shared memory in each worker)",
     )
     r.add_argument(
         "--per-token-sentences",

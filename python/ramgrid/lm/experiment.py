@@ -51,7 +51,7 @@ __all__ = ["ExperimentConfig", "ExperimentError", "prepare_corpus", "run_experim
 
 LOOKUP_MODES = ("per-token", "per-sentence", "per-partition", "fused")
 GRID_ONLY_MODES = ("fused",)  # modes only the ramgrid client offers: the other peers skip them
-PEERS = ("ramgrid", "near", "memcached", "dict")
+PEERS = ("ramgrid", "near", "shm", "memcached", "dict")
 TABLE = "unigram_lm"
 
 
@@ -441,7 +441,7 @@ def _run_ramgrid(
 ) -> None:
     import ramgrid
 
-    if "ramgrid" not in peers and "near" not in peers:
+    if not {"ramgrid", "near", "shm"} & set(peers):
         return
     with ramgrid.local(servers=n, memory=cfg.server_memory, threads=cfg.server_threads) as grid:
         t0 = time.perf_counter()
@@ -465,12 +465,16 @@ def _run_ramgrid(
                 "how": "primary replica of each key's partition (partition map)",
             }
         )
-        plain = grid.table(TABLE).pin(version)
+        # TCP rows read over TCP even though the servers are on this host; the shared-memory row maps the
+        # version in each worker process (docs/shared-memory.md).
+        plain = grid.table(TABLE).pin(version, shared_memory=False)
         near_grid = ramgrid.connect(grid.spec, near_cache_bytes=cfg.near_cache_mb << 20)
-        near = near_grid.table(TABLE).pin(version)
+        near = near_grid.table(TABLE).pin(version, shared_memory=False)
+        shm = grid.table(TABLE).pin(version, shared_memory=True) if "shm" in peers else plain
         configs = [grid.config, near_grid.config]
-        for system, table in (("ramgrid", plain), ("ramgrid+near", near)):
-            if ("ramgrid" if system == "ramgrid" else "near") not in peers:
+        rows = (("ramgrid", plain, "ramgrid"), ("ramgrid+near", near, "near"), ("ramgrid+shm", shm, "shm"))
+        for system, table, peer in rows:
+            if peer not in peers:
                 continue
             src = Source("ramgrid", model.unk_log_prob, table=table, label=system)
             for mode in cfg.modes:

@@ -21,7 +21,7 @@ from typing import Any
 
 __all__ = ["derive", "format_markdown", "plot_figures", "write_report"]
 
-SYSTEM_ORDER = ("memcached", "ramgrid", "ramgrid+near", "dict")
+SYSTEM_ORDER = ("memcached", "ramgrid", "ramgrid+near", "ramgrid+shm", "dict")
 MODE_ORDER = ("per-token", "per-sentence", "per-partition", "fused")
 # Modes memcached and the dict do not have: compared with their batched (per-partition) mode.
 _PEER_MODE = {"fused": "per-partition"}
@@ -351,9 +351,15 @@ def plot_figures(result: dict[str, Any], summary: dict[str, Any], out: Path) -> 
     files: dict[str, str] = {}
     if servers:
         fig, (ax1, ax3) = plt.subplots(1, 2, figsize=(14, 6.5))
-        series = [(s, "per-token") for s in ("memcached", "ramgrid", "ramgrid+near")]
+        series = [(s, "per-token") for s in ("memcached", "ramgrid", "ramgrid+near", "ramgrid+shm")]
         width = 0.8 / len(series)
-        colors = {"memcached": "#c0504d", "ramgrid": "#4f81bd", "ramgrid+near": "#9bbb59", "dict": "#7f7f7f"}
+        colors = {
+            "memcached": "#c0504d",
+            "ramgrid": "#4f81bd",
+            "ramgrid+near": "#9bbb59",
+            "ramgrid+shm": "#8064a2",
+            "dict": "#7f7f7f",
+        }
         ax2 = ax1.twinx()
         xs = list(range(len(servers)))
         for i, (system, mode) in enumerate(series):
@@ -385,7 +391,7 @@ def plot_figures(result: dict[str, Any], summary: dict[str, Any], out: Path) -> 
         h2, l2 = ax2.get_legend_handles_labels()
         ax1.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3)
         styles = {"per-token": ":", "per-sentence": "--", "per-partition": "-", "fused": (0, (5, 1, 1, 1))}
-        for system in ("memcached", "ramgrid", "ramgrid+near"):
+        for system in ("memcached", "ramgrid", "ramgrid+near", "ramgrid+shm"):
             for mode in MODE_ORDER:
                 pts = [
                     next((r for r in rows if r["servers"] == s and r["system"] == system and r["mode"] == mode), None)

@@ -202,7 +202,7 @@ def test_replicated_table_survives_a_server_killed_mid_job(client: Any, lm1b: St
     ref = reference_scores(lm1b, model.gather(client), model.unk_log_prob)
     with ramgrid.local(servers=3, memory="64MiB", timeout=2.0) as grid:
         v = load_into_grid(client, grid, model, "lm_rep", partitions=16, replication=2)
-        src = Source("ramgrid", model.unk_log_prob, table=grid.table("lm_rep").pin(v))
+        src = Source("ramgrid", model.unk_log_prob, table=grid.table("lm_rep").pin(v, shared_memory=False))
         killed_at: list[float] = []
         r = run_scoring(
             client, lm1b, "per-sentence", src, lines_per_task=100, on_progress=_kill_on_first_result(grid, 1, killed_at)
@@ -221,7 +221,9 @@ def test_unreplicated_table_fails_naming_partitions_and_writes_no_scores(
     out.write_bytes(b"stale")
     with ramgrid.local(servers=3, memory="64MiB", timeout=2.0) as grid:
         v = load_into_grid(client, grid, model, "lm_single", partitions=16, replication=1)
-        src = Source("ramgrid", model.unk_log_prob, table=grid.table("lm_single").pin(v))
+        # Over TCP: a killed server's partitions are then lost to the job (readers that map them from shared memory
+        # would keep reading, docs/shared-memory.md).
+        src = Source("ramgrid", model.unk_log_prob, table=grid.table("lm_single").pin(v, shared_memory=False))
         killed_at: list[float] = []
         with pytest.raises(ScoringFailed) as e:
             score_to_file(

@@ -72,7 +72,16 @@ class FakeClient:
     def incarnation(self, table: str) -> int:
         return 1
 
-    def get_many(self, table: str, keys: Any, version: int = 0, incarnation: int = 0) -> tuple[Any, np.ndarray]:
+    def shm_attach(self, table: str, version: int, incarnation: int = 0) -> dict[str, Any]:
+        # No server on this host: nothing mapped, as a client on another host would see.
+        return {"mapped": [], "bytes": 0, "servers": [], "skipped": [("fake:1", "no socket")]}
+
+    def shm_detach(self, table: str, version: int, incarnation: int = 0) -> bool:
+        return False
+
+    def get_many(
+        self, table: str, keys: Any, version: int = 0, incarnation: int = 0, shared_memory: bool = True
+    ) -> tuple[Any, np.ndarray]:
         d = self._data(table, version)
         ks = list(np.asarray(keys).tolist()) if isinstance(keys, np.ndarray) else list(keys)
         found = np.array([k in d for k in ks], dtype=bool)

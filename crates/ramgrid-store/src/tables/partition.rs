@@ -22,7 +22,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 
 use super::{KeyStatus, ValueRef, ValueType};
-use crate::index::{prefetch, Candidate, Index};
+use crate::index::{prefetch, Candidate, Index, Probe};
 
 /// Seed of the index hash. Fixed so a key hashes the same in every process (handy for debugging
 /// and for reproducible benchmarks); it is not the partitioning function.
@@ -117,7 +117,7 @@ pub(crate) fn key_at(keys: &[u8], slot: u32) -> &[u8] {
 /// per key showed up at ~7% of a server's profile): keys of up to 16 bytes compare as two
 /// overlapping words.
 #[inline]
-fn key_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn key_eq(a: &[u8], b: &[u8]) -> bool {
     let n = a.len();
     if n != b.len() {
         return false;
@@ -1047,6 +1047,35 @@ pub(crate) fn get_packed<'d, 'k>(
     fits
 }
 
+/// What [`lookup_many`] reads: an index, a key arena, and a value column it can prefetch. A
+/// partition in memory ([`PartData`]) and a mapped image (`crate::image_view::ImageView`) are
+/// both, so both are read by the same pipeline.
+pub(crate) trait Lookup {
+    /// The index.
+    fn probe(&self) -> Probe<'_>;
+    /// The key arena the index's slots point into.
+    fn key_arena(&self) -> &[u8];
+    /// Start loading entry `i`'s value (or, for bytes, its offset).
+    fn prefetch_value(&self, i: usize);
+}
+
+impl Lookup for PartData {
+    #[inline]
+    fn probe(&self) -> Probe<'_> {
+        self.index.probe()
+    }
+
+    #[inline]
+    fn key_arena(&self) -> &[u8] {
+        &self.keys
+    }
+
+    #[inline]
+    fn prefetch_value(&self, i: usize) {
+        PartData::prefetch_value(self, i)
+    }
+}
+
 /// Look up every `(partition, key)` and call `emit` with the partition and the key's entry number
 /// in it (or why there is none), in order. Keys go through in windows of [`GROUP`] and four
 /// passes, each prefetching what the next pass reads (bucket -> key record -> value), so the cache
@@ -1054,19 +1083,19 @@ pub(crate) fn get_packed<'d, 'k>(
 /// lookup in a table much larger than the CPU caches cost tens of ns, not hundreds. A window may
 /// mix partitions freely: each key carries its own.
 #[inline]
-fn lookup_many<'d, 'k>(
-    items: impl Iterator<Item = (&'d PartData, &'k [u8])>,
+pub(crate) fn lookup_many<'d, D: Lookup + 'd, K: AsRef<[u8]> + Copy>(
+    items: impl Iterator<Item = (&'d D, K)>,
     max_key: usize,
-    mut emit: impl FnMut(&'d PartData, Result<usize, KeyStatus>),
+    mut emit: impl FnMut(&'d D, Result<usize, KeyStatus>),
 ) {
     let mut items = items.peekable();
     // The arrays need some partition to start from; any will do, every slot is overwritten
     // before it is read.
-    let Some(&(first, _)) = items.peek() else {
+    let Some(&(first, first_key)) = items.peek() else {
         return;
     };
-    let mut parts: [&PartData; GROUP] = [first; GROUP];
-    let mut group: [&[u8]; GROUP] = [&[]; GROUP];
+    let mut parts: [&D; GROUP] = [first; GROUP];
+    let mut group: [K; GROUP] = [first_key; GROUP];
     let mut hashes = [0u64; GROUP];
     let mut cand = [Candidate::Absent; GROUP];
     let mut entry = [0usize; GROUP];
@@ -1082,23 +1111,24 @@ fn lookup_many<'d, 'k>(
         }
         // Pass 1: hash; prefetch the home buckets.
         for j in 0..len {
-            if group[j].len() <= max_key {
-                hashes[j] = key_hash(group[j]);
-                parts[j].index.prefetch(hashes[j]);
+            let key = group[j].as_ref();
+            if key.len() <= max_key {
+                hashes[j] = key_hash(key);
+                parts[j].probe().prefetch(hashes[j]);
             }
         }
         // Pass 2: the buckets have arrived; take the first place whose tag matches (no key
         // compare yet, so no dependent miss) and prefetch its key record.
         for j in 0..len {
             let d = parts[j];
-            cand[j] = if group[j].len() <= max_key {
-                d.index.first_candidate(hashes[j])
+            cand[j] = if group[j].as_ref().len() <= max_key {
+                d.probe().first_candidate(hashes[j])
             } else {
                 Candidate::Absent
             };
             match cand[j] {
-                Candidate::Slot(c) => prefetch(d.keys.as_ptr().wrapping_add(c as usize * 4)),
-                Candidate::Unsure => d.index.prefetch_spill(hashes[j]),
+                Candidate::Slot(c) => prefetch(d.key_arena().as_ptr().wrapping_add(c as usize * 4)),
+                Candidate::Unsure => d.probe().prefetch_spill(hashes[j]),
                 Candidate::Absent => {}
             }
         }
@@ -1109,13 +1139,13 @@ fn lookup_many<'d, 'k>(
             let d = parts[j];
             match cand[j] {
                 Candidate::Slot(c) => {
-                    entry[j] = entry_at(&d.keys, c);
+                    entry[j] = entry_at(d.key_arena(), c);
                     d.prefetch_value(entry[j]);
                 }
                 Candidate::Unsure => {
-                    cand[j] = d.index.second_candidate(hashes[j]);
+                    cand[j] = d.probe().second_candidate(hashes[j]);
                     if let Candidate::Slot(c) = cand[j] {
-                        prefetch(d.keys.as_ptr().wrapping_add(c as usize * 4));
+                        prefetch(d.key_arena().as_ptr().wrapping_add(c as usize * 4));
                     }
                     entry[j] = LATE;
                 }
@@ -1125,17 +1155,22 @@ fn lookup_many<'d, 'k>(
         // Pass 4: confirm. A wrong or unsure candidate (another key with the same 16-bit tag,
         // or a key that went past the bucket after its home) falls back to a full probe.
         for j in 0..len {
-            let (d, key) = (parts[j], group[j]);
+            let (d, key) = (parts[j], group[j].as_ref());
+            let keys = d.key_arena();
             let found = if key.len() > max_key {
                 Err(KeyStatus::KeyTooLarge)
             } else {
                 match cand[j] {
                     Candidate::Absent => Err(KeyStatus::NotFound),
-                    Candidate::Slot(c) if key_eq(key_at(&d.keys, c), key) => Ok(match entry[j] {
-                        LATE => entry_at(&d.keys, c),
+                    Candidate::Slot(c) if key_eq(key_at(keys, c), key) => Ok(match entry[j] {
+                        LATE => entry_at(keys, c),
                         e => e,
                     }),
-                    _ => d.find(key, hashes[j]).ok_or(KeyStatus::NotFound),
+                    _ => d
+                        .probe()
+                        .find(hashes[j], |s| key_eq(key_at(keys, s), key))
+                        .map(|s| entry_at(keys, s))
+                        .ok_or(KeyStatus::NotFound),
                 }
             };
             emit(d, found);

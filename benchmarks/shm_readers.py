@@ -1,0 +1,330 @@
+#!/usr/bin/env python3
+"""Panda & Sur's memcached experiment, on one host: get latency by value size (4 B to 4 KB) and gets/s against
+1 to 16 reader processes, for memcached, ramgrid over TCP and ramgrid through shared memory (docs/shared-memory.md),
+all driven by the same Python load generator (one 1-key get per call), plus 1,000-key batches (ns per key) and
+1-key gets from Rust (crates/ramgrid-client/examples/shm_get.rs).
+
+    python3 benchmarks/shm_readers.py                       # full run
+    python3 benchmarks/shm_readers.py --quick               # smoke run
+    python3 benchmarks/shm_readers.py --out benchmarks/results/shm_readers.md
+
+Needs target/release/ramgrid-server, the native module (make develop), memcached, and the Rust example
+(cargo build --release -p ramgrid-client --example shm_get). A benchmark: prints figures, asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import platform
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "python"))
+
+import ramgrid
+
+SIZES = (4, 64, 512, 4096)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def value(k: int, size: int) -> bytes:
+    return (k.to_bytes(4, "little") * (size // 4 + 1))[:size]
+
+
+def per_call_ns(f: Any, keys: list[Any], seconds: float) -> float:
+    """Mean ns per call of f(key) over the keys, cycled, for about `seconds`."""
+    n, t0 = 0, time.perf_counter()
+    while True:
+        for k in keys:
+            f(k)
+        n += len(keys)
+        el = time.perf_counter() - t0
+        if el >= seconds:
+            return el * 1e9 / n
+
+
+def reader(kind: str, target: str, table: str, version: int, nkeys: int, seconds: float, start: Any, q: Any) -> None:
+    """One reader process: 1-key gets in a loop from `start` for `seconds`; puts the count."""
+    rng = np.random.default_rng(os.getpid())
+    ks = rng.integers(0, nkeys, 4096).tolist()
+    if kind == "memcached":
+        from pymemcache.client.base import Client as Mc
+
+        host, port = target.rsplit(":", 1)
+        mc = Mc((host, int(port)))
+        names = [f"{table}:{k}".encode() for k in ks]
+
+        def get(i: int) -> Any:
+            return mc.get(names[i & 4095])
+    else:
+        p = ramgrid.connect(target).table(table).pin(version, shared_memory=(kind == "shm"))
+        if kind == "shm":
+            assert p.describe()["shared_memory"]["mapped"], p.describe()
+
+        def get(i: int) -> Any:
+            return p.get(ks[i & 4095])
+
+    get(0)
+    start.wait()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for i in range(n, n + 256):
+            get(i)
+        n += 256
+    q.put(n / (time.perf_counter() - t0))
+
+
+def gets_per_second(kind: str, target: str, table: str, version: int, nkeys: int, procs: int, seconds: float) -> float:
+    ctx = mp.get_context("spawn")
+    start, q = ctx.Event(), ctx.Queue()
+    ps = [
+        ctx.Process(target=reader, args=(kind, target, table, version, nkeys, seconds, start, q)) for _ in range(procs)
+    ]
+    for p in ps:
+        p.start()
+    time.sleep(1.0 + 0.2 * procs)  # let every process connect and map before the clock starts
+    start.set()
+    rates = [q.get(timeout=60 + seconds) for _ in ps]
+    for p in ps:
+        p.join(timeout=30)
+    return float(sum(rates))
+
+
+def _pss(pid: int) -> tuple[int, int]:
+    """(Pss, Pss_Shmem) of a process in bytes, from /proc/PID/smaps_rollup."""
+    f = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] in ("Pss:", "Pss_Shmem:"):
+            f[parts[0]] = int(parts[1]) * 1024
+    return f.get("Pss:", 0), f.get("Pss_Shmem:", 0)
+
+
+def holder(kind: str, spec: str, table: str, version: int, nkeys: int, ready: Any, done: Any) -> None:
+    """A worker holding the model the way `kind` does, having read every key once; waits for `done`."""
+    keys = np.arange(nkeys, dtype=np.int64)
+    if kind == "dict":
+        t = ramgrid.connect(spec).table(table).pin(version, shared_memory=False)
+        model = {}
+        for lo in range(0, nkeys, 10_000):
+            vals = t.get_many(keys[lo : lo + 10_000])
+            model.update(zip(keys[lo : lo + 10_000].tolist(), vals))
+        assert len(model) == nkeys
+    else:
+        p = ramgrid.connect(spec).table(table).pin(version, shared_memory=(kind == "shm"))
+        for lo in range(0, nkeys, 10_000):
+            p.get_many(keys[lo : lo + 10_000])
+    ready.put(os.getpid())
+    done.wait()
+
+
+def memory_per_host(
+    kind: str, g: Any, table: str, version: int, nkeys: int, workers: int, segments: int
+) -> tuple[int, int]:
+    """(readers' bytes, host bytes) with `workers` processes holding the model as `kind`: PSS, so shared pages count
+    once; shared-memory segments counted once, whoever maps them (and the server's descriptors hold them)."""
+    ctx = mp.get_context("spawn")
+    ready, done = ctx.Queue(), ctx.Event()
+    ps = [ctx.Process(target=holder, args=(kind, g.spec, table, version, nkeys, ready, done)) for _ in range(workers)]
+    for p in ps:
+        p.start()
+    pids = [ready.get(timeout=300) for _ in ps]
+    readers = 0
+    for pid in pids:
+        pss, shmem = _pss(pid)
+        readers += pss - shmem
+    segments = segments if kind == "shm" else 0
+    done.set()
+    for p in ps:
+        p.join(timeout=30)
+    server = 0 if kind == "dict" else sum(_pss(pid)[0] for pid in g.pids)
+    return readers + segments, readers + segments + server
+
+
+def memory_section(out: Any, nkeys: int, quick: bool) -> None:
+    out("## Memory per host with 2 and 8 worker processes (PSS; a model of 4 KB values, every key read once)")
+    out()
+    out("A server of its own holding only the model. Readers: the workers' PSS less their share of shared-memory")
+    out("pages, plus the segments once; host: readers plus the server (none for dict: each worker holds a copy).")
+    out()
+    out("| workers | mode | readers, MiB | host, MiB |")
+    out("|---:|---|---:|---:|")
+    # 20,000 values of 4 KB (quick: 5,000): small enough for 8 private copies.
+    mem_keys = min(nkeys, 5_000 if quick else 20_000)
+    with ramgrid.local(servers=1, memory="1GiB") as g:
+        t = g.create_table("model", partitions=16, value_type="bytes")
+        with t.new_version() as w:
+            for lo in range(0, mem_keys, 5_000):
+                ks = list(range(lo, min(mem_keys, lo + 5_000)))
+                w.put_many(np.array(ks, dtype=np.int64), [value(k, 4096) for k in ks])
+        v = t.current_version()
+        # The driver maps the segments too, to learn their size (the workers map the same pages).
+        segments = int(t.pin(v, shared_memory=True).describe()["shared_memory"]["bytes"])
+        for workers in (2, 8):
+            for kind in ("dict", "tcp", "shm"):
+                r, h = memory_per_host(kind, g, "model", v, mem_keys, workers, segments)
+                out(f"| {workers} | {kind} | {r / 2**20:,.1f} | {h / 2**20:,.1f} |")
+    out()
+
+
+def latency_sections(out: Any, nkeys: int, secs: float, procs: list[int], mc_port: int) -> None:
+    from pymemcache.client.base import Client as Mc
+
+    g = ramgrid.local(servers=1, memory="2GiB", threads=4)
+    addr = g.addresses[0]
+    mcc = Mc(("127.0.0.1", mc_port))
+    tables: dict[int, tuple[str, int]] = {}
+    for size in SIZES:
+        name = f"v{size}"
+        t = g.create_table(name, partitions=16, value_type="bytes")
+        with t.new_version() as w:
+            for lo in range(0, nkeys, 10_000):
+                ks = list(range(lo, min(nkeys, lo + 10_000)))
+                w.put_many(np.array(ks, dtype=np.int64), [value(k, size) for k in ks])
+                mcc.set_many({f"{name}:{k}": value(k, size) for k in ks}, noreply=False)
+        tables[size] = (name, t.current_version())
+    out("## 1-key get latency from Python, by value size (mean ns per call)")
+    out()
+    out("| value | memcached (pymemcache) | ramgrid TCP | ramgrid shared memory | TCP / shm |")
+    out("|---:|---:|---:|---:|---:|")
+    rng = np.random.default_rng(1)
+    sample = rng.integers(0, nkeys, 2000).tolist()
+    for size in SIZES:
+        name, v = tables[size]
+        names = [f"{name}:{k}".encode() for k in sample]
+        m = per_call_ns(mcc.get, names, secs)
+        tcp = g.table(name).pin(v, shared_memory=False)
+        shm = g.table(name).pin(v, shared_memory=True)
+        r_tcp = per_call_ns(tcp.get, sample, secs)
+        r_shm = per_call_ns(shm.get, sample, secs)
+        out(f"| {size} B | {m:,.0f} | {r_tcp:,.0f} | {r_shm:,.0f} | {r_tcp / r_shm:.0f}x |")
+    out()
+    out("## 1,000-key batch from Python (ns per key)")
+    out()
+    out("| value | memcached get_many | ramgrid TCP | ramgrid shared memory |")
+    out("|---:|---:|---:|---:|")
+    batch = np.asarray(rng.integers(0, nkeys, 1000), dtype=np.int64)
+    for size in SIZES:
+        name, v = tables[size]
+        names = [f"{name}:{k}" for k in batch.tolist()]
+        m = per_call_ns(mcc.get_many, [names], secs) / 1000
+        tcp = g.table(name).pin(v, shared_memory=False)
+        shm = g.table(name).pin(v, shared_memory=True)
+        r_tcp = per_call_ns(tcp.lookup, [batch], secs) / 1000
+        r_shm = per_call_ns(shm.lookup, [batch], secs) / 1000
+        out(f"| {size} B | {m:,.0f} | {r_tcp:,.1f} | {r_shm:,.1f} |")
+    out()
+    ex = REPO / "target/release/examples/shm_get"
+    if ex.exists():
+        out("## From Rust (`Client::get_into`, crates/ramgrid-client/examples/shm_get.rs)")
+        out()
+        out("| value | mode | 1-key get, ns | 1,000-key batch, ns per key |")
+        out("|---:|---|---:|---:|")
+        import json
+
+        for size in SIZES:
+            name, v = tables[size]
+            res = subprocess.run(
+                [str(ex), addr, name, str(v), str(nkeys), str(secs)], capture_output=True, text=True, check=True
+            )
+            for row in map(json.loads, res.stdout.splitlines()):
+                out(f"| {size} B | {row['mode']} | {row['get1_ns']:,.0f} | {row['batch1000_ns_per_key']:,.1f} |")
+        out()
+    out("## Gets/s against reader processes (1-key gets, 4 B and 4 KB values)")
+    out()
+    out("| value | readers | memcached | ramgrid TCP | ramgrid shared memory |")
+    out("|---:|---:|---:|---:|---:|")
+    for size in (4, 4096):
+        name, v = tables[size]
+        for n in procs:
+            row = [
+                gets_per_second("memcached", f"127.0.0.1:{mc_port}", name, v, nkeys, n, secs),
+                gets_per_second("tcp", g.spec, name, v, nkeys, n, secs),
+                gets_per_second("shm", g.spec, name, v, nkeys, n, secs),
+            ]
+            out(f"| {size} B | {n} | " + " | ".join(f"{r:,.0f}" for r in row) + " |")
+    out()
+    g.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--keys", type=int, help="keys per table (default 100,000; quick 10,000)")
+    ap.add_argument("--seconds", type=float, help="seconds per measurement (default 2; quick 0.5)")
+    ap.add_argument("--procs", default="1,2,4,8,16", help="reader process counts")
+    ap.add_argument("--out", type=Path, help="write the results as markdown here")
+    ap.add_argument(
+        "--sections", default="latency,memory", help="latency (latency, batches, Rust, gets/s) and/or memory"
+    )
+    args = ap.parse_args()
+    nkeys = args.keys or (10_000 if args.quick else 100_000)
+    secs = args.seconds or (0.5 if args.quick else 2.0)
+    procs = [int(x) for x in args.procs.split(",")]
+    sections = set(args.sections.split(","))
+    mc_bin = shutil.which("memcached") or "/usr/bin/memcached"
+    mc_port = free_port()
+    mc_args = [mc_bin, "-p", str(mc_port), "-U", "0", "-l", "127.0.0.1", "-m", "2048", "-t", "4"]
+    mc = subprocess.Popen(mc_args + (["-u", "root"] if os.geteuid() == 0 else []))
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", mc_port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or mc.poll() is not None:
+                raise RuntimeError("memcached did not start") from None
+            time.sleep(0.05)
+    lines: list[str] = []
+
+    def out(s: str = "") -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    try:
+        cpu = next(
+            (
+                ln.split(":", 1)[1].strip()
+                for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if "model name" in ln
+            ),
+            platform.processor(),
+        )
+        out("# Colocated readers: memcached, ramgrid over TCP, ramgrid through shared memory")
+        out()
+        cmd = " ".join(["python3", f"benchmarks/{Path(__file__).name}", shlex.join(sys.argv[1:])]).strip()
+        out(f"Command: `{cmd}`")
+        out(
+            f"Machine: {os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}; {nkeys} keys per table, 16 partitions,"
+        )
+        out("one ramgrid server (4 threads) and one memcached (-t 4) on the same host; the same Python load generator.")
+        out()
+        if "latency" in sections:
+            latency_sections(out, nkeys, secs, procs, mc_port)
+        if "memory" in sections:
+            memory_section(out, nkeys, args.quick)
+    finally:
+        mc.terminate()
+        mc.wait(timeout=10)
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,313 @@
+//! A read-only partition served straight from the bytes of its image (docs/partition-image.md),
+//! with no copy: what a process beside a server uses to read a sealed partition mapped from
+//! shared memory.
+//!
+//! [`ImageView::open`] checks the image once, exactly as [`crate::image`]'s reader does before it
+//! rebuilds a partition (header, checksums, key arena, index, value arena), and keeps only the
+//! section bounds and the probe bound. Lookups then run the same prefetching pipeline as the
+//! server's (`tables::partition::lookup_many`) over the image's own index buckets, which are
+//! the in-memory layout byte for byte (index section at offset 192, a multiple of 64, in a
+//! page-aligned mapping). Values come out in their wire form (little-endian, as the native
+//! protocol packs them), borrowed from the image, for the caller to write where it wants them.
+
+use crate::image::{
+    bad, check_index, check_key_arena, check_value_arena, read_header, INDEX, KEYS, KEY_OFFS,
+    VALUES, VALUE_OFFS,
+};
+use crate::index::{prefetch, Probe};
+use crate::tables::partition::{key_hash, lookup_many, read_u32, Lookup};
+use crate::tables::ValueType;
+use crate::Result;
+
+/// A checked image and what lookups need to read it in place. `B` holds the bytes (a mapping, or
+/// [`AlignedBytes`]); they must not change while the view lives (a sealed memfd cannot).
+pub struct ImageView<B> {
+    bytes: B,
+    value_type: ValueType,
+    items: usize,
+    sections: [(usize, usize); 5],
+    max_probe: usize,
+}
+
+impl<B> std::fmt::Debug for ImageView<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageView")
+            .field("value_type", &self.value_type)
+            .field("items", &self.items)
+            .finish()
+    }
+}
+
+impl<B: AsRef<[u8]>> ImageView<B> {
+    /// Check `bytes` completely (docs/partition-image.md, "What a reader checks", 1-5) and view
+    /// them. The bytes must start on a 64-byte boundary (a mapping does; [`AlignedBytes`] for a
+    /// copy). A damaged image is [`Error::CorruptImage`] naming what is wrong.
+    pub fn open(bytes: B) -> Result<ImageView<B>> {
+        let img = bytes.as_ref();
+        let h = read_header(img)?;
+        let sec = |i: usize| &img[h.sections[i].0..h.sections[i].0 + h.sections[i].1];
+        let n = h.items;
+        check_key_arena(sec(KEYS), sec(KEY_OFFS), n)?;
+        let (probe, occupied) = Probe::from_image(sec(INDEX)).map_err(bad)?;
+        if occupied != n {
+            return Err(bad(format!("index holds {occupied} keys for {n} items")));
+        }
+        let max_probe = check_index(probe, sec(KEYS), sec(KEY_OFFS))?;
+        if h.value_type == ValueType::Bytes {
+            check_value_arena(sec(VALUES), sec(VALUE_OFFS), n)?;
+        }
+        let (value_type, sections) = (h.value_type, h.sections);
+        Ok(ImageView {
+            bytes,
+            value_type,
+            items: n,
+            sections,
+            max_probe,
+        })
+    }
+
+    /// The value type the image holds.
+    pub fn value_type(&self) -> ValueType {
+        self.value_type
+    }
+
+    /// Live keys.
+    pub fn len(&self) -> usize {
+        self.items
+    }
+
+    /// Whether the partition holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.items == 0
+    }
+
+    /// The whole image.
+    pub fn bytes(&self) -> &[u8] {
+        self.bytes.as_ref()
+    }
+
+    #[inline]
+    fn section(&self, i: usize) -> &[u8] {
+        let (off, len) = self.sections[i];
+        &self.bytes.as_ref()[off..off + len]
+    }
+
+    /// Entry `i`'s value in wire form: 8 LE bytes (i64, f64), `dim * 4` LE bytes (f32 vectors),
+    /// or the value's bytes.
+    #[inline]
+    pub fn value_wire(&self, i: usize) -> &[u8] {
+        let vals = self.section(VALUES);
+        match self.value_type {
+            ValueType::I64 | ValueType::F64 => &vals[i * 8..i * 8 + 8],
+            ValueType::F32Vec { dim } => {
+                let w = dim as usize * 4;
+                &vals[i * w..(i + 1) * w]
+            }
+            ValueType::Bytes => {
+                let offs = self.section(VALUE_OFFS);
+                let off = u64::from_le_bytes(offs[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
+                    as usize;
+                let len = read_u32(vals, off) as usize;
+                &vals[off + 4..off + 4 + len]
+            }
+        }
+    }
+
+    /// One key's value in wire form, if present.
+    pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
+        let keys = self.key_arena();
+        self.probe()
+            .find(key_hash(key), |s| {
+                crate::tables::partition::key_eq(crate::tables::partition::key_at(keys, s), key)
+            })
+            .map(|s| self.value_wire(crate::tables::partition::entry_at(keys, s)))
+    }
+}
+
+impl<B: AsRef<[u8]>> Lookup for ImageView<B> {
+    #[inline]
+    fn probe(&self) -> Probe<'_> {
+        Probe::over_checked(self.section(INDEX), self.max_probe)
+    }
+
+    #[inline]
+    fn key_arena(&self) -> &[u8] {
+        self.section(KEYS)
+    }
+
+    #[inline]
+    fn prefetch_value(&self, i: usize) {
+        let (at, sec) = match self.value_type {
+            ValueType::I64 | ValueType::F64 => (i * 8, VALUES),
+            ValueType::F32Vec { dim } => (i * dim as usize * 4, VALUES),
+            ValueType::Bytes => (i * 8, VALUE_OFFS),
+        };
+        prefetch(self.section(sec).as_ptr().wrapping_add(at));
+    }
+}
+
+/// Look up every `(view, key)`, in order, with the server's prefetching pipeline (the keys of a
+/// batch may spread over any number of views), and call `emit` with each value's wire form (see
+/// [`ImageView::value_wire`]) or `None` for a missing key. Every view must hold one value type.
+pub fn lookup<'d, B, K>(
+    items: impl Iterator<Item = (&'d ImageView<B>, K)>,
+    mut emit: impl FnMut(Option<&'d [u8]>),
+) where
+    B: AsRef<[u8]> + 'd,
+    K: AsRef<[u8]> + Copy,
+{
+    lookup_many(items, usize::MAX, |d, found| {
+        emit(found.ok().map(|i| d.value_wire(i)))
+    })
+}
+
+/// One cache line of [`AlignedBytes`].
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// Bytes on a 64-byte boundary: an image read into memory (a file, a test) that
+/// [`ImageView::open`] can view.
+#[derive(Clone)]
+pub struct AlignedBytes {
+    lines: Vec<Line>,
+    len: usize,
+}
+
+impl AlignedBytes {
+    /// A 64-byte aligned copy of `b`.
+    pub fn copy_of(b: &[u8]) -> AlignedBytes {
+        let mut lines = vec![Line([0; 64]); b.len().div_ceil(64)];
+        for (line, chunk) in lines.iter_mut().zip(b.chunks(64)) {
+            line.0[..chunk.len()].copy_from_slice(chunk);
+        }
+        AlignedBytes {
+            lines,
+            len: b.len(),
+        }
+    }
+}
+
+impl AsRef<[u8]> for AlignedBytes {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `Line` is 64 plain bytes with no padding, so the lines are `64 * lines.len()`
+        // initialised bytes, of which `len` are asked for.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<u8>(), self.len) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::image::image_bytes;
+    use crate::image::tests::{build, reseal, TYPES};
+    use crate::memory::Budget;
+    use crate::tables::partition::get_packed;
+
+    /// The server's packed reply (statuses + values) for `keys` from the owned partition, and
+    /// the same bytes composed from the view's answers.
+    fn both(t: ValueType, ops: usize, nkeys: u64, seed: u64) -> (Vec<u8>, Vec<u8>, usize) {
+        let meter = Arc::new(Budget::new(1 << 30));
+        let (d, model) = build(t, ops, nkeys, seed, &meter);
+        let img = image_bytes(&d).unwrap();
+        let view = ImageView::open(AlignedBytes::copy_of(&img)).unwrap();
+        assert_eq!(view.len(), model.len());
+        // Every stored key, every key ever touched, and keys never stored (some longer).
+        let mut keys: Vec<Vec<u8>> = model.keys().cloned().collect();
+        keys.extend(
+            (0..nkeys + 5)
+                .map(|k| format!("key-{k}-{}", "x".repeat((k % 13) as usize)).into_bytes()),
+        );
+        keys.extend([b"".to_vec(), b"absent".to_vec(), vec![b'z'; 300]]);
+        let (mut st, mut vals) = (Vec::new(), Vec::new());
+        get_packed(
+            keys.iter().map(|k| (&d, &k[..])),
+            t,
+            keys.len(),
+            usize::MAX,
+            usize::MAX,
+            &mut st,
+            &mut vals,
+        );
+        let mut owned = st.clone();
+        owned.extend_from_slice(&vals);
+        // The view's answers, packed the same way.
+        let (mut st2, mut vals2) = (Vec::new(), Vec::new());
+        lookup(keys.iter().map(|k| (&view, &k[..])), |v| {
+            st2.push(if v.is_some() {
+                0
+            } else {
+                crate::KeyStatus::NotFound as u8
+            });
+            match (t, v) {
+                (ValueType::Bytes, Some(b)) => {
+                    vals2.extend_from_slice(&(b.len() as u32).to_le_bytes());
+                    vals2.extend_from_slice(b);
+                }
+                (ValueType::Bytes, None) => {}
+                (_, Some(b)) => vals2.extend_from_slice(b),
+                (_, None) => vals2.resize(vals2.len() + t.packed_width().unwrap(), 0),
+            }
+        });
+        for (k, s) in keys.iter().zip(&st2) {
+            assert_eq!(view.get(k).is_some(), *s == 0);
+        }
+        let mut viewed = st2;
+        viewed.extend_from_slice(&vals2);
+        (owned, viewed, keys.len())
+    }
+
+    #[test]
+    fn the_view_answers_as_the_owned_partition_for_every_type() {
+        assert_eq!(crate::KeyStatus::Ok as u8, 0);
+        for (n, t) in TYPES.into_iter().enumerate() {
+            for (ops, keys) in [(0, 1), (1, 1), (50, 20), (20_000, 4_000)] {
+                let (owned, viewed, _) = both(t, ops, keys, n as u64 + ops as u64);
+                assert_eq!(owned, viewed, "{t:?} after {ops} ops");
+            }
+        }
+    }
+
+    #[test]
+    fn a_damaged_image_is_refused_and_an_unaligned_one_too() {
+        let meter = Arc::new(Budget::new(1 << 30));
+        let (d, _) = build(ValueType::Bytes, 60, 30, 1, &meter);
+        let img = image_bytes(&d).unwrap();
+        for at in (0..img.len()).step_by(7) {
+            let mut b = img.clone();
+            b[at] ^= 0x40;
+            let e = ImageView::open(AlignedBytes::copy_of(&b)).unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::CorruptImage, "byte {at}");
+        }
+        // A missing overflow flag with valid checksums: the structural check catches it.
+        let (d, _) = build(ValueType::I64, 5_000, 5_000, 3, &meter);
+        let mut img = image_bytes(&d).unwrap();
+        let b = (0..img.len() / 64)
+            .find(|b| 192 + b * 64 + 60 < img.len() && img[192 + b * 64 + 60] == 1)
+            .expect("some bucket spilled");
+        img[192 + b * 64 + 60] = 0;
+        reseal(&mut img);
+        assert!(ImageView::open(AlignedBytes::copy_of(&img)).is_err());
+        // Unaligned bytes: refused, not misread.
+        let (d, _) = build(ValueType::I64, 100, 100, 3, &meter);
+        let img = image_bytes(&d).unwrap();
+        let mut shifted = vec![0u8];
+        shifted.extend_from_slice(&img);
+        let owner = AlignedBytes::copy_of(&shifted);
+        let e = ImageView::open(&owner.as_ref()[1..]).unwrap_err();
+        assert!(e.to_string().contains("64-byte"), "{e}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        #[test]
+        fn proptest_view_equals_owned(t in 0usize..TYPES.len(), ops in 0usize..600, keys in 1u64..200, seed: u64) {
+            let (owned, viewed, _) = both(TYPES[t], ops, keys, seed);
+            prop_assert_eq!(owned, viewed);
+        }
+    }
+}

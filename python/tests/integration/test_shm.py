@@ -1,0 +1,252 @@
+"""Shared memory (docs/shared-memory.md) with real server processes: a pinned version's partitions are mapped from
+the servers on this host and read in place. Reads equal the TCP path for every value type and missing keys; a
+request without the token or from another Unix user is refused; a version dropped while mapped, a reader killed
+while mapped, a server restarted while mapped, a segment whose checksum does not match, and a client that finds
+no server on its host (forced remote) each behave as the design says."""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import ramgrid
+from ramgrid.exceptions import RamgridError
+
+pytestmark = pytest.mark.timeout(120)
+
+N = 2000
+MAGIC = b"RGSHM\0\0\x01"
+
+
+@pytest.fixture
+def shm_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A socket directory of this test's own, for its servers (--shm-dir) and its client (RAMGRID_SHM_DIR)."""
+    d = Path(tempfile.mkdtemp(prefix="ramgrid-shm-", dir="/tmp"))
+    d.chmod(0o700)
+    monkeypatch.setenv("RAMGRID_SHM_DIR", str(d))
+    yield d
+    for p in d.iterdir():
+        p.unlink(missing_ok=True)
+    d.rmdir()
+
+
+def _grid(shm_dir: Path, servers: int = 2, **options: Any) -> ramgrid.LocalGrid:
+    extra = list(options.pop("extra_args", ())) + ["--shm-dir", str(shm_dir)]
+    return ramgrid.local(servers=servers, memory="128MiB", extra_args=extra, **options)
+
+
+def _fill(g: ramgrid.Grid, name: str, value_type: Any, partitions: int = 8) -> ramgrid.Table:
+    t = g.create_table(name, partitions=partitions, value_type=value_type)
+    keys = np.array([k for k in range(N) if k % 3], dtype=np.int64)
+    with t.new_version() as w:
+        if value_type == "i64":
+            w.put_many(keys, keys * 7 - 100)
+        elif value_type == "f64":
+            w.put_many(keys, keys * 0.5)
+        elif value_type == "bytes":
+            w.put_many(keys, [bytes([k % 256]) * (k % 40) for k in keys.tolist()])
+        else:
+            w.put_many(keys, np.arange(len(keys) * 4, dtype=np.float32).reshape(-1, 4))
+    return t
+
+
+def _same(a: tuple[Any, np.ndarray], b: tuple[Any, np.ndarray]) -> bool:
+    (va, fa), (vb, fb) = a, b
+    if not np.array_equal(fa, fb):
+        return False
+    if isinstance(va, list):
+        return va == vb
+    return bool(np.array_equal(va, vb))
+
+
+ALL_KEYS = np.arange(-5, N + 5, dtype=np.int64)
+
+
+@pytest.mark.parametrize("value_type", ["bytes", "i64", "f64", ("f32vec", 4)])
+def test_reads_equal_tcp_for_every_value_type_and_missing_keys(shm_dir: Path, value_type: Any) -> None:
+    with _grid(shm_dir) as g:
+        t = _fill(g, "t", value_type)
+        local = t.pin(shared_memory=True)
+        remote = t.pin(shared_memory=False)
+        d = local.describe()["shared_memory"]
+        assert d is not None and d["mapped"] == list(range(8)) and len(d["servers"]) == 2
+        assert remote.describe()["shared_memory"] is None
+        before = g.client_stats()
+        assert _same(local.lookup(ALL_KEYS), remote.lookup(ALL_KEYS))
+        after = g.client_stats()
+        found = int(remote.lookup(ALL_KEYS)[1].sum())
+        assert after["shm_hits"] - before["shm_hits"] == found
+        assert after["shm_misses"] - before["shm_misses"] == len(ALL_KEYS) - found
+        # One key, and single-key reads through the handle.
+        for k in (1, 3, N - 1):
+            assert _same(local.lookup([k]), remote.lookup([k]))
+        # The default (None) maps where it applies.
+        assert t.pin().describe()["shared_memory"]["mapped"] == list(range(8))  # type: ignore[index]
+
+
+def _request(token: bytes, table: str, version: int) -> bytes:
+    name = table.encode()
+    body = MAGIC + struct.pack("<H", len(token)) + token + struct.pack("<H", len(name)) + name
+    body += struct.pack("<QI", 0, version)
+    return struct.pack("<I", len(body)) + body
+
+
+# Sends one request from any process (another user's too: only the standard library), prints the reply's kind
+# and text: "refused <why>" or "granted".
+_ASK = """
+import socket, struct, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(10)
+try:
+    s.connect(sys.argv[1])
+except OSError as e:
+    print("refused by the file system:", e); sys.exit(0)
+s.sendall(bytes.fromhex(sys.argv[2]))
+def take(n):
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c: raise SystemExit("closed")
+        b += c
+    return b
+body = take(struct.unpack("<I", take(4))[0])
+if body[8] == 1:
+    n = struct.unpack("<H", body[9:11])[0]
+    print("refused", body[11:11 + n].decode())
+else:
+    print("granted")
+"""
+
+
+def _ask(path: Path, req: bytes, prefix: list[str] | None = None, python: str = sys.executable) -> str:
+    cmd = (prefix or []) + [python, "-c", _ASK, str(path), req.hex()]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def _socket(shm_dir: Path, g: ramgrid.LocalGrid, i: int = 0) -> Path:
+    host, port = g.addresses[i].rsplit(":", 1)
+    return shm_dir / f"shm-{host}-{port}.sock"
+
+
+def test_no_token_and_another_user_are_refused(shm_dir: Path) -> None:
+    with _grid(shm_dir, servers=1, token="s3cret") as g:
+        t = _fill(g, "guarded", "f64", partitions=4)
+        v = t.current_version()
+        path = _socket(shm_dir, g)
+        assert _ask(path, _request(b"", "guarded", v)).startswith("refused bad or missing token")
+        assert _ask(path, _request(b"wrong", "guarded", v)).startswith("refused bad or missing token")
+        assert _ask(path, _request(b"s3cret", "guarded", v)) == "granted"
+        if os.geteuid() != 0:
+            pytest.skip("running another user's process needs root (setpriv); the token cases ran")
+        # Open the path to everyone, so that only the server's own check (SO_PEERCRED) stands in the way.
+        shm_dir.chmod(0o711)
+        path.chmod(0o666)
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        out = _ask(path, _request(b"s3cret", "guarded", v), prefix=nobody, python="/usr/bin/python3")
+        assert out.startswith("refused user 65534 may not map"), out
+        # With the token, the owner's client maps it.
+        assert t.pin(shared_memory=True).describe()["shared_memory"]["mapped"] == [0, 1, 2, 3]  # type: ignore[index]
+
+
+def test_a_version_dropped_while_mapped_stays_readable(shm_dir: Path) -> None:
+    with _grid(shm_dir, servers=1) as g:
+        t = _fill(g, "dropped", "i64")
+        first = t.current_version()
+        p = t.pin(shared_memory=True)
+        want = t.pin(shared_memory=False).lookup(ALL_KEYS)
+        with t.new_version() as w:
+            w.put_many([1], np.array([1]))
+        t.drop_version(first)
+        # The server lets its segments go (its descriptors close); the reader's mapping holds the pages.
+        assert _same(p.lookup(ALL_KEYS), want)
+        with pytest.raises(ramgrid.exceptions.VersionNotFound):
+            t.pin(first, shared_memory=False).lookup([1])
+
+
+def _fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+_READER = """
+import sys, ramgrid
+g = ramgrid.connect(sys.argv[1])
+p = g.table(sys.argv[2]).pin(int(sys.argv[3]), shared_memory=True)
+assert p.get(1) == -93
+print("mapped", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_reader_killed_while_mapped_leaks_nothing(shm_dir: Path) -> None:
+    with _grid(shm_dir, servers=1) as g:
+        t = _fill(g, "killed", "i64")
+        v = t.current_version()
+        pid = g.pids[0]
+        counts = []
+        for _ in range(4):
+            with subprocess.Popen(
+                [sys.executable, "-c", _READER, g.spec, "killed", str(v)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            ) as r:
+                assert r.stdout is not None and r.stdout.readline().strip() == "mapped"
+                r.send_signal(signal.SIGKILL)
+                r.wait(timeout=30)
+            counts.append(_fd_count(pid))
+        # The server keeps one descriptor per segment, made on the first request: no more after each reader.
+        assert counts == [counts[0]] * 4, counts
+        assert t.pin(shared_memory=True).get(2) == -86
+
+
+def test_a_server_restarted_while_mapped_leaves_the_reader_its_version(shm_dir: Path) -> None:
+    with _grid(shm_dir, servers=1) as g:
+        t = _fill(g, "restarted", "f64")
+        p = t.pin(shared_memory=True)
+        want = t.pin(shared_memory=False).lookup(ALL_KEYS)
+        g.restart(0)
+        # The new server has no such table (memory durability); the mapping still answers the pinned version.
+        assert _same(p.lookup(ALL_KEYS), want)
+
+
+def test_a_segment_whose_checksum_does_not_match_is_refused(shm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAMGRID_SHM_CORRUPT_FOR_TESTS", "1")  # the servers started below write damaged segments
+    with _grid(shm_dir, servers=1) as g:
+        monkeypatch.delenv("RAMGRID_SHM_CORRUPT_FOR_TESTS")
+        t = _fill(g, "corrupt", "bytes")
+        with pytest.raises(RamgridError, match="checksum|corrupt"):
+            t.pin(shared_memory=True)
+        p = t.pin()
+        d = p.describe()["shared_memory"]
+        assert d is not None and d["mapped"] == [] and "corrupt" in d["skipped"][0][1]
+        # Read over TCP instead: the right values.
+        assert _same(p.lookup(ALL_KEYS), t.pin(shared_memory=False).lookup(ALL_KEYS))
+
+
+def test_a_client_that_finds_no_local_server_reads_over_tcp(shm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with _grid(shm_dir, servers=2) as g:
+        t = _fill(g, "remote", "i64")
+        # Forced remote: the client looks for sockets where no server put one (as on another host).
+        elsewhere = Path(tempfile.mkdtemp(prefix="ramgrid-shm-none-", dir="/tmp"))
+        monkeypatch.setenv("RAMGRID_SHM_DIR", str(elsewhere))
+        try:
+            with pytest.raises(RamgridError, match="no shared-memory socket"):
+                t.pin(shared_memory=True)
+            p = t.pin()
+            assert p.describe()["shared_memory"]["mapped"] == []  # type: ignore[index]
+            before = g.client_stats()["shm_hits"]
+            assert _same(p.lookup(ALL_KEYS), t.pin(shared_memory=False).lookup(ALL_KEYS))
+            assert g.client_stats()["shm_hits"] == before
+        finally:
+            elsewhere.rmdir()
