@@ -51,8 +51,9 @@ def main() -> None:
             corpus = stage_sentences(sentences, scratch, "sampled from wordfreq's English word frequencies")
             print("no --corpus given: scoring synthetic sentences sampled from wordfreq's English word frequencies")
 
-        # 2. The model: token counts on Dask, then ln p with add-one smoothing, loaded as a new version of a table.
-        model = count_model(client, corpus, Smoothing("add-k", k=1.0))
+        # 2. The model: token counts from a MapReduce job on the grid and the Dask workers, then ln p with add-one
+        # smoothing, loaded as a new version of a table.
+        model = count_model(client, corpus, Smoothing("add-k", k=1.0), grid=grid)
         version = load_into_grid(client, grid, model, "unigrams")
         print(f"model: {model.vocabulary:,} distinct tokens of {model.total_tokens:,}, loaded as version {version}")
 

@@ -3,9 +3,9 @@
     ramgrid demo lm                          # or: python -m ramgrid.lm --corpus sentences.txt.gz
     python examples/lm_score.py              # the same job, written out as a short script
 
-Modules: `corpus` (staging, tokenising, sampling sentences from wordfreq), `model` (the counting job and the load
-into the grid), `score` (the scoring job and its modes), `peers` (memcached), `experiment` (the whole run) and
-`report` (Table 1, Figures 5 and 6, the JSON result).
+Modules: `corpus` (staging, tokenising, sampling sentences from wordfreq), `count` (the counting job, on
+`ramgrid.mapreduce`), `model` (log probabilities and the load into the grid), `score` (the scoring job and its
+modes), `peers` (memcached), `experiment` (the whole run) and `report` (Table 1, Figures 5 and 6, the JSON result).
 """
 
 from ramgrid.lm.corpus import CorpusError, StagedCorpus, stage_corpus, tokenize

@@ -272,6 +272,8 @@ def run_experiment(cfg: ExperimentConfig, *, quiet: bool = False) -> dict[str, A
     """Runs everything and returns the result dict the report is made from (see report.py)."""
     from distributed import Client, LocalCluster
 
+    import ramgrid
+
     for m in cfg.modes:
         if m not in LOOKUP_MODES:
             raise ValueError(f"modes are {', '.join(LOOKUP_MODES)}; got {m!r}")
@@ -336,13 +338,22 @@ def run_experiment(cfg: ExperimentConfig, *, quiet: bool = False) -> dict[str, A
                 f"dask: LocalCluster, {cfg.workers} worker processes x {cfg.threads_per_worker} thread, "
                 f"started in {result['timings_s']['dask_start']:.1f} s",
             )
-            model = count_model(client, corpus, smoothing, lines_per_task=cfg.lines_per_task)
+            # The count is a MapReduce job on a grid of its own, stopped before the measured grids start.
+            with ramgrid.local(servers=2, memory=cfg.server_memory, threads=cfg.server_threads) as count_grid:
+                model = count_model(client, corpus, smoothing, grid=count_grid, lines_per_task=cfg.lines_per_task)
             result["model"] = model.to_dict()
             st = model.stats
             _say(
                 quiet,
                 f"model: {model.vocabulary:,} distinct tokens of {model.total_tokens:,}, ln p, "
                 f"{smoothing.describe()}; counted in {model.count_s:.1f} s",
+            )
+            job = model.count_job
+            _say(
+                quiet,
+                f"  count job: {job['map_tasks']} map tasks on ramgrid.mapreduce, "
+                f"{job['bytes_shuffled'] / 2**20:,.1f} MiB shuffled; "
+                + ", ".join(f"{k} {v:.1f} s" for k, v in job["phases"].items()),
             )
             _say(
                 quiet,

@@ -1,4 +1,5 @@
-"""The unigram language model: a Dask MapReduce job that counts tokens and writes (token, ln p) into a grid table.
+"""The unigram language model: token counts from a MapReduce job on the grid, turned into (token, ln p) and written
+into a grid table.
 
 Probabilities are natural logarithms (ln, base e) of:
 
@@ -8,30 +9,24 @@ Probabilities are natural logarithms (ln, base e) of:
   the probability of one extra vocabulary entry, <unk>: p(<unk>) = k / (N + k (V + 1)). The V + 1 probabilities sum
   to one.
 
-The job: map tasks tokenise line ranges of the staged corpus and count tokens, splitting their counts into R buckets
-by a stable hash of the token (Python's own str hash differs between worker processes) that they spill to files;
-R reduce tasks merge one bucket each; then R load tasks turn counts into log probabilities and write them, in parallel, into one open version
-of the table, together with the unknown-word entry under `UNK_KEY`. The version is sealed and made current only when
-every load task succeeded, so a failed load never becomes visible.
+Counting is a word count on `ramgrid.mapreduce` (`ramgrid.lm.count`): map tasks on the Dask workers tokenise byte
+ranges of the staged corpus, and the store sums their counts on write. The driver turns the counts into log
+probabilities and scatters them to the workers in parts; load tasks then write the parts, in parallel, into one open
+version of the table, together with the unknown-word entry under `UNK_KEY`. The version is sealed and made current
+only when every load task succeeded, so a failed load never becomes visible.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import pickle
-import shutil
-import tempfile
 import time
-import zlib
-from collections import Counter
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ramgrid.lm.corpus import CorpusError, StagedCorpus, decode_lines, read_slice, split_tasks, tokenize_lines
+from ramgrid.lm.corpus import CorpusError, StagedCorpus
+from ramgrid.lm.count import CountStats, count_slice, run_count_job
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -88,94 +83,6 @@ def unk_log_prob(total: int, vocabulary: int, smoothing: Smoothing) -> float:
     return math.log(smoothing.k / (float(total) + smoothing.k * (vocabulary + 1)))
 
 
-@dataclass
-class CountStats:
-    """What the counting job learnt about the corpus (summed over its map tasks, like Hadoop counters)."""
-
-    lines: int = 0
-    tokens: int = 0
-    dropped_long_tokens: int = 0
-    replaced_lines: int = 0  # lines with bytes that are not UTF-8 (replaced with U+FFFD)
-    empty_lines: int = 0
-
-    def add(self, other: CountStats) -> None:
-        self.lines += other.lines
-        self.tokens += other.tokens
-        self.dropped_long_tokens += other.dropped_long_tokens
-        self.replaced_lines += other.replaced_lines
-        self.empty_lines += other.empty_lines
-
-
-def _bucket_of(token: str, buckets: int) -> int:
-    return zlib.crc32(token.encode("utf-8", "surrogatepass")) % buckets
-
-
-def count_slice(sl: Any, buckets: int) -> tuple[CountStats, list[dict[str, int]]]:
-    """Map task: token counts of a slice, split into `buckets` dicts by a stable hash of the token."""
-    from ramgrid.lm.score import _gc_paused
-
-    with _gc_paused():
-        return _count_slice(sl, buckets)
-
-
-def _count_slice(sl: Any, buckets: int) -> tuple[CountStats, list[dict[str, int]]]:
-    lines, replaced = decode_lines(read_slice(sl))
-    sents, dropped = tokenize_lines(lines)
-    counts: Counter[str] = Counter(chain.from_iterable(sents))
-    stats = CountStats(
-        lines=len(lines),
-        tokens=sum(map(len, sents)),
-        dropped_long_tokens=dropped,
-        replaced_lines=replaced,
-        empty_lines=sum(1 for s in sents if not s),
-    )
-    parts: list[dict[str, int]] = [{} for _ in range(buckets)]
-    if buckets == 1:
-        parts[0] = dict(counts)
-    else:
-        for tok, c in counts.items():
-            parts[_bucket_of(tok, buckets)][tok] = c
-    return stats, parts
-
-
-def _map_to_files(sl: Any, buckets: int, spill: str, index: int) -> tuple[CountStats, list[str]]:
-    """Map task of the job: counts a slice and writes bucket r to `spill`/map-INDEX-rR.pkl (the shuffle goes
-    through local files, as Hadoop's does, rather than through the Dask scheduler)."""
-    stats, parts = count_slice(sl, buckets)
-    paths = []
-    for r, part in enumerate(parts):
-        path = os.path.join(spill, f"map-{index:05d}-r{r:03d}.pkl")
-        with open(path, "wb") as f:
-            pickle.dump(part, f, protocol=pickle.HIGHEST_PROTOCOL)
-        paths.append(path)
-    return stats, paths
-
-
-def _merge_files(paths: list[str]) -> dict[str, int]:
-    """Reduce task: one bucket's counts from every map task's file (each file is removed once read)."""
-    from ramgrid.lm.score import _gc_paused
-
-    merged: Counter[str] = Counter()
-    with _gc_paused():
-        for path in paths:
-            with open(path, "rb") as f:
-                merged.update(pickle.load(f))
-            os.remove(path)
-    return dict(merged)
-
-
-def _size(counts: dict[str, int]) -> tuple[int, int]:
-    return len(counts), sum(counts.values())
-
-
-def _finalize(
-    counts: dict[str, int], total: int, vocabulary: int, smoothing: Smoothing
-) -> tuple[list[str], np.ndarray]:
-    keys = list(counts)
-    values = log_probs(np.fromiter(counts.values(), dtype=np.int64, count=len(keys)), total, vocabulary, smoothing)
-    return keys, values
-
-
 def _load_part(part: tuple[list[str], np.ndarray], into: ramgrid.VersionPart) -> int:
     """Load task: writes one bucket of the model into the open version `into` (the driver commits it)."""
     keys, values = part
@@ -186,7 +93,7 @@ def _load_part(part: tuple[list[str], np.ndarray], into: ramgrid.VersionPart) ->
 
 @dataclass
 class LanguageModel:
-    """A counted model: its statistics, and its parts as Dask futures of (tokens, ln p) per bucket, on the workers.
+    """A counted model: its statistics, and its parts as Dask futures of (tokens, ln p), on the workers.
 
     `load_into_grid` writes it into a table; the peers (memcached, the dict in each worker) are loaded from the same
     parts, so every source holds the same values.
@@ -199,6 +106,7 @@ class LanguageModel:
     stats: CountStats
     parts: list[Any] = field(repr=False)
     count_s: float = 0.0
+    count_job: dict[str, Any] = field(default_factory=dict, repr=False)  # the job's summary (mapreduce.Summary)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -210,6 +118,7 @@ class LanguageModel:
             "unk_key": UNK_KEY,
             "unk_log_prob": self.unk_log_prob if math.isfinite(self.unk_log_prob) else str(self.unk_log_prob),
             "count_job_s": self.count_s,
+            "count_job": self.count_job,
             "corpus": {
                 "lines": self.stats.lines,
                 "tokens": self.stats.tokens,
@@ -227,57 +136,40 @@ class LanguageModel:
         return d
 
 
-def count_job(client: Client, corpus: StagedCorpus, lines_per_task: int, buckets: int) -> tuple[CountStats, list[Any]]:
-    """Runs the map and reduce stages; returns the corpus statistics and one future of merged counts per bucket.
-
-    Map outputs are spilled next to the staged corpus (workers and driver share the file system, as they do for the
-    corpus itself) and removed as the reduce tasks read them."""
-    workers = max(1, len(client.scheduler_info().get("workers", {})))
-    tasks = split_tasks(corpus.lines, lines_per_task, 2 * workers)
-    slices = [corpus.slice(a, n) for a, n in tasks]
-    spill = tempfile.mkdtemp(prefix="shuffle-", dir=os.path.dirname(os.path.abspath(corpus.directory)))
-    try:
-        maps = client.map(
-            _map_to_files, slices, [buckets] * len(slices), [spill] * len(slices), range(len(slices)), pure=False
-        )
-        stats = CountStats()
-        files: list[list[str]] = [[] for _ in range(buckets)]
-        for st, paths in client.gather(maps):
-            stats.add(st)
-            for r, path in enumerate(paths):
-                files[r].append(path)
-        merged = client.map(_merge_files, files, pure=False)
-        client.gather(client.map(len, merged, pure=False))  # every spill file read before the directory goes
-    finally:
-        shutil.rmtree(spill, ignore_errors=True)
-    return stats, merged
-
-
 def count_model(
     client: Client,
     corpus: StagedCorpus,
     smoothing: Smoothing | None = None,
     *,
+    grid: ramgrid.Grid | None = None,
     lines_per_task: int = 20_000,
     buckets: int | None = None,
 ) -> LanguageModel:
-    """Counts the corpus on Dask and computes ln p for every token. Raises CorpusError when it has no tokens."""
+    """Counts the corpus with a MapReduce job on `grid` (`ramgrid.lm.count`; None: a local grid of two servers,
+    started for the job) and the Dask `client`'s workers, then computes ln p for every token and scatters the model
+    to the workers in `buckets` parts (default: two per worker). Raises CorpusError when the corpus has no tokens."""
+    import ramgrid
+
     sm = smoothing or Smoothing()
     workers = max(1, len(client.scheduler_info().get("workers", {})))
-    r = buckets or 2 * workers
     t0 = time.perf_counter()
-    stats, merged = count_job(client, corpus, lines_per_task, r)
-    sizes = client.gather(client.map(_size, merged, pure=False))
-    vocabulary = sum(v for v, _ in sizes)
-    total = sum(c for _, c in sizes)
+    if grid is None:
+        with ramgrid.local(servers=2, memory="1GiB") as g:
+            stats, counts, job = run_count_job(client, g, corpus, lines_per_task)
+    else:
+        stats, counts, job = run_count_job(client, grid, corpus, lines_per_task)
+    vocabulary = len(counts)
+    total = sum(counts.values())
     if total != stats.tokens:
-        raise RuntimeError(f"the reduce stage counted {total} tokens but the map stage {stats.tokens}")
+        raise RuntimeError(f"the job counted {total} tokens under their keys but {stats.tokens} in its statistics")
     if total == 0:
         raise CorpusError(
             f"the corpus has {stats.lines:,} lines but no tokens: a language model needs at least one token"
         )
-    parts = client.map(_finalize, merged, total=total, vocabulary=vocabulary, smoothing=sm, pure=False)
-    client.gather(client.map(len, parts, pure=False))  # wait, so count_s covers the whole job
+    keys = list(counts)
+    values = log_probs(np.fromiter(counts.values(), dtype=np.int64, count=vocabulary), total, vocabulary, sm)
+    step = -(-vocabulary // (buckets or 2 * workers))
+    parts = client.scatter([(keys[i : i + step], values[i : i + step]) for i in range(0, vocabulary, step)])
     return LanguageModel(
         smoothing=sm,
         total_tokens=total,
@@ -286,6 +178,7 @@ def count_model(
         stats=stats,
         parts=parts,
         count_s=time.perf_counter() - t0,
+        count_job=job,
     )
 
 

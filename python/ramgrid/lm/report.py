@@ -199,9 +199,16 @@ def format_markdown(result: dict[str, Any], summary: dict[str, Any]) -> str:
         f"{corpus.get('replaced_lines', 0):,} lines with bytes that are not UTF-8 (replaced)."
     )
     k = f", k = {model.get('k')}" if model.get("smoothing") == "add-k" else ""
+    job = model.get("count_job") or {}
+    how = (
+        f" ({job.get('map_tasks', 0)} map tasks, {job.get('bytes_shuffled', 0) / 2**20:,.1f} MiB shuffled through the "
+        "grid; " + ", ".join(f"{p} {s:.1f} s" for p, s in job.get("phases", {}).items()) + ")"
+        if job
+        else ""
+    )
     lines.append(
-        f"Model: natural-log probabilities, {model.get('smoothing', '?')}{k}; counted on Dask in "
-        f"{model.get('count_job_s', 0):.1f} s."
+        f"Model: natural-log probabilities, {model.get('smoothing', '?')}{k}; counted with ramgrid.mapreduce on Dask "
+        f"in {model.get('count_job_s', 0):.1f} s{how}."
     )
     lines.append(
         f"Machine: {machine.get('cpu_count')} cores ({machine.get('cpu_model', '?')}), "

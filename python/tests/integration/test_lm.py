@@ -7,6 +7,7 @@ import gzip
 import json
 import shutil
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,8 @@ import logging
 
 import ramgrid
 from ramgrid.lm.__main__ import demo_main
-from ramgrid.lm.corpus import StagedCorpus, stage_corpus, stage_sentences
-from ramgrid.lm.model import UNK_KEY, LanguageModel, Smoothing, count_model, load_into_grid
+from ramgrid.lm.corpus import StagedCorpus, stage_corpus, stage_sentences, tokenize
+from ramgrid.lm.model import UNK_KEY, LanguageModel, Smoothing, count_model, load_into_grid, log_probs
 from ramgrid.lm.peers import (
     MemcachedCluster,
     load_memcached_part,
@@ -119,6 +120,26 @@ def test_lm1b_slice_every_mode_and_peer_matches_a_plain_dict(client: Any, lm1b: 
     assert fused.keys == part.keys and fused.calls == part.calls  # the same distinct tokens, once per task
     with pytest.raises(ValueError, match="fused mode needs the ramgrid source"):
         run_scoring(client, lm1b, "fused", dsrc, model=dict_model)
+
+
+def test_mapreduce_count_equals_a_plain_counter(client: Any, lm1b: StagedCorpus) -> None:
+    with gzip.open(LM1B, "rb") as f:
+        raw = [f.readline().rstrip(b"\n") for _ in range(SLICE)]
+    lines = [r.decode("utf-8", "replace") for r in raw]
+    want = Counter(t for line in lines for t in tokenize(line))
+    with ramgrid.local(servers=2, memory="64MiB") as grid:
+        model = count_model(client, lm1b, grid=grid, lines_per_task=700)
+        assert grid.tables() == []  # the job dropped its intermediate, result and log tables
+    job = model.count_job
+    assert job["map_tasks"] >= 4 and job["merged_on_write"] and job["bytes_shuffled"] > 0
+    assert model.total_tokens == model.stats.tokens == sum(want.values())
+    assert model.vocabulary == len(want)
+    assert model.stats.lines == SLICE and model.stats.empty_lines == sum(1 for line in lines if not line.split())
+    assert model.stats.dropped_long_tokens == sum(len(line.split()) for line in lines) - sum(want.values())
+    # The same counts give bit-identical log probabilities.
+    keys = list(want)
+    ln_p = log_probs(np.array([want[k] for k in keys]), model.total_tokens, model.vocabulary, model.smoothing)
+    assert model.gather(client) == dict(zip(keys, ln_p.tolist()))
 
 
 @pytest.mark.skipif(not memcached_available(), reason="memcached is not installed (apt-get install memcached)")

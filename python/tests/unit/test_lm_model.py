@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from ramgrid.lm.corpus import stage_sentences
-from ramgrid.lm.model import Smoothing, count_slice, log_probs, unk_log_prob
+from ramgrid.lm.count import count_block, count_slice
+from ramgrid.lm.model import Smoothing, log_probs, unk_log_prob
 from ramgrid.lm.peers import Crc32ModuloHash, mc_key
 
 pytestmark = pytest.mark.timeout(30)
@@ -46,18 +47,21 @@ def test_smoothing_is_validated() -> None:
             Smoothing("add-k", bad)
 
 
-def test_count_slice_counts_and_buckets(tmp_path: Path) -> None:
+def test_count_slice_counts_tokens_and_statistics(tmp_path: Path) -> None:
     s = stage_sentences(["a b a", "", "c " + "z" * 101 + " a"], tmp_path / "c", "test")
-    stats, parts = count_slice(s.slice(0, s.lines), buckets=3)
+    stats, counts = count_slice(s.slice(0, s.lines))
     assert (stats.lines, stats.tokens, stats.empty_lines, stats.dropped_long_tokens) == (3, 5, 1, 1)
-    merged: dict[str, int] = {}
-    for p in parts:
-        assert not set(p) & set(merged)  # a token lands in exactly one bucket
-        merged.update(p)
-    assert merged == {"a": 3, "b": 1, "c": 1}
-    # The bucket of a token does not depend on the process (Python's str hash would).
-    _, again = count_slice(s.slice(0, s.lines), buckets=3)
-    assert again == parts
+    assert counts == {"a": 3, "b": 1, "c": 1}
+
+
+def test_count_block_carries_the_statistics_under_keys_no_token_can_be() -> None:
+    block = b"a b a\n\nc " + b"z" * 101 + b" a\nbad \xff\n\n"
+    out = count_block(block)
+    stats = {k: v for k, v in out.items() if k.startswith(" ")}
+    assert stats == {" lines": 5, " tokens": 7, " empty_lines": 2, " dropped_long_tokens": 1, " replaced_lines": 1}
+    assert {k: v for k, v in out.items() if not k.startswith(" ")} == {"a": 3, "b": 1, "c": 1, "bad": 1, "\ufffd": 1}
+    # The last line of a file may lack its terminator; it is still one line.
+    assert count_block(b"x y")[" lines"] == 1 and count_block(b"")[" lines"] == 0
 
 
 def test_memcached_keys_are_valid_and_distinct() -> None:
