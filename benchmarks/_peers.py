@@ -48,6 +48,7 @@ def spark_local(path: Path, chunk: int, procs: int) -> tuple[dict[str, int], dic
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # else Spark picks the host's address for its services
     conf = (
         SparkConf()
         .setMaster(f"local[{procs}]")
