@@ -1,12 +1,14 @@
 """Word count of the Wikipedia corpus: ramgrid MapReduce (1, 2, 4 servers) against the multiprocessing floor, Dask
-bag and Dask dataframe, in one run, on the same plain-text input and the same tokeniser (`str.split()`).
+bag, Dask dataframe, PySpark local and Hadoop's LocalJobRunner, in one run, on the same plain-text input and the
+same tokeniser (`str.split()`; the Hadoop mapper splits on exactly the characters `str.isspace()` accepts).
 
     .venv/bin/python benchmarks/wordcount.py --limit-mb 64 --out benchmarks/results/wordcount.md
 
 The corpus is gzip; a gzip file cannot be split, so the first `--limit-mb` MiB of its text (all of it with 0) are
 written to a plain file first (not timed), which every engine then reads in byte ranges of `--chunk-mib`. Every
-engine's counts are checked equal to the floor's. PySpark and Hadoop run only when installed (they are skipped,
-and the report says so, otherwise).
+engine's counts are checked equal to the floor's. PySpark (`local[--procs]`) and Hadoop (scripts/hadoop, jars
+fetched with Maven on first use) run only when pyspark, java, javac and mvn are there; otherwise the report says
+why they were skipped (benchmarks/_peers.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from collections import Counter
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
+
+import _peers
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "enwiki-2015-sentences.txt.gz"
 
@@ -121,7 +125,9 @@ def main() -> int:
     p.add_argument("--chunk-mib", type=int, default=16, help="bytes per map task")
     p.add_argument("--procs", type=int, default=os.cpu_count() or 2, help="worker processes for every engine")
     p.add_argument("--servers", default="1,2,4", help="ramgrid cluster sizes")
-    p.add_argument("--engines", default="bag,dataframe,ramgrid", help="which besides the floor (default: all)")
+    p.add_argument(
+        "--engines", default="bag,dataframe,ramgrid,spark,hadoop", help="which besides the floor (default: all)"
+    )
     p.add_argument("--out", help="write the report (markdown) here")
     args = p.parse_args()
 
@@ -140,13 +146,13 @@ def main() -> int:
         print(rows[-1], file=sys.stderr)
         tokens = sum(ref.values())
 
+        engines = set(args.engines.split(","))
         with (
             LocalCluster(
                 n_workers=args.procs, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0"
             ) as cluster,
             Client(cluster) as client,
         ):
-            engines = set(args.engines.split(","))
             for key, name, fn in (
                 ("bag", "Dask bag (read_text, frequencies)", dask_bag),
                 ("dataframe", "Dask dataframe", dask_dataframe),
@@ -164,17 +170,29 @@ def main() -> int:
                 shuffled = f"{summary.bytes_shuffled / 2**20:.1f} MiB ({summary.pairs_combined:,} pairs)"
                 rows.append((f"ramgrid MapReduce, {n} server(s)", ph["total"], _fmt(ph), shuffled))
                 print(rows[-1], file=sys.stderr)
-        for engine, module in (("PySpark local", "pyspark"),):
+        for key, name in (
+            ("spark", f"PySpark local[{args.procs}] (RDD, reduceByKey)"),
+            ("hadoop", "Hadoop LocalJobRunner"),
+        ):
+            if key not in engines:
+                skipped.append(f"{name}: not run (--engines)")
+                continue
             try:
-                __import__(module)
-                skipped.append(f"{engine}: installed but not wired into this script yet")
-            except ImportError:
-                skipped.append(f"{engine}: skipped ({module} is not installed)")
-        skipped.append("Hadoop LocalJobRunner: skipped (no Hadoop installation; Java is there)")
+                if key == "spark":
+                    got, ph = _peers.spark_local(text, chunk, args.procs)
+                else:
+                    got, ph = _peers.hadoop_local(text, chunk, args.procs, Path(tmp))
+            except _peers.Skipped as e:
+                skipped.append(f"{name}: skipped ({e})")
+                continue
+            _check(name, got, ref)
+            counted = {k: v for k, v in ph.items() if "not counted" not in k}
+            rows.append((name, sum(counted.values()), _fmt(ph), "-"))
+            print(rows[-1], file=sys.stderr)
 
     base = rows[0][1]
     lines = [
-        "# Word count: ramgrid MapReduce against the multiprocessing floor and Dask",
+        "# Word count: ramgrid MapReduce against the multiprocessing floor, Dask, PySpark and Hadoop",
         "",
         f"Command: `{shlex.join([sys.executable.split('/')[-1], *sys.argv])}`",
         "",
