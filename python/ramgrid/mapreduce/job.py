@@ -236,6 +236,21 @@ def abandon(job_id: str, grid: Grid) -> None:
 # running
 
 
+def place_map_task(owners: tuple[str, ...], attempt: int, load: dict[str, int]) -> str | None:
+    """Where a map task over a partition with these replicas (primary first) runs: Horcrux's load balancing. A first
+    attempt goes to the replica with the fewest map tasks placed so far (`load`, updated here; the primary on ties),
+    so a table whose primaries crowd on a few servers still spreads its maps over every replica; a retry goes to the
+    next replica. None for an input without owners (files)."""
+    if not owners:
+        return None
+    if attempt == 0:
+        best = min(owners, key=lambda o: (load.get(o, 0), owners.index(o)))
+    else:
+        best = owners[attempt % len(owners)]
+    load[best] = load.get(best, 0) + 1
+    return best
+
+
 class _Attempts:
     """Runs tasks on an engine until each has one success, retrying failures (up to `max_attempts` runs each).
     After a write fault (a replica down) the job's writes go on at ack=one."""
@@ -329,17 +344,7 @@ def _drive(
     load_by_server: dict[str, int] = {}
 
     def where_map(t: int, attempt: int) -> str | None:
-        owners = spec.splits[t].owners
-        if not owners:
-            return None
-        # Horcrux's balancing: a task goes to the least busy replica of its partition (primary on ties); a retry
-        # goes to the next replica.
-        if attempt == 0:
-            best = min(owners, key=lambda o: (load_by_server.get(o, 0), owners.index(o)))
-        else:
-            best = owners[attempt % len(owners)]
-        load_by_server[best] = load_by_server.get(best, 0) + 1
-        return best
+        return place_map_task(spec.splits[t].owners, attempt, load_by_server)
 
     def submit_map(t: int, attempt: int, ack: str) -> Any:
         # A speculative second copy is a second attempt: it writes its own keys.
