@@ -81,22 +81,12 @@ def spark_local(path: Path, chunk: int, procs: int) -> tuple[dict[str, int], dic
 
 def hadoop_jars(timeout: float = 600.0) -> Path:
     """scripts/hadoop/lib, fetched from Maven Central with scripts/hadoop/pom.xml if missing (whole or not at all)."""
-    lib = HADOOP_HOME / "lib"
-    if lib.is_dir() and any(lib.glob("hadoop-mapreduce-client-common-*.jar")):
-        return lib
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise Skipped("Maven (mvn) is needed to fetch Hadoop's jars")
-    tmp = HADOOP_HOME / "lib.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [mvn, "-q", "-B", "-f", str(HADOOP_HOME / "pom.xml"), "dependency:copy-dependencies",
-           f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    if proc.returncode != 0:
-        raise Skipped(f"fetching Hadoop's jars failed ({' '.join(cmd)}): {proc.stdout[-500:]}{proc.stderr[-500:]}")
-    shutil.rmtree(lib, ignore_errors=True)
-    tmp.rename(lib)
-    return lib
+    from ramgrid.fs.minihdfs import MiniHDFSError, ensure_jars
+
+    try:
+        return ensure_jars(HADOOP_HOME, timeout, marker="hadoop-mapreduce-client-common-*.jar")
+    except MiniHDFSError as e:
+        raise Skipped(str(e)) from e
 
 
 def hadoop_local(path: Path, chunk: int, procs: int, work: Path) -> tuple[dict[str, int], dict[str, float]]:

@@ -18,7 +18,7 @@ import ssl
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -160,19 +160,28 @@ class BlockStore:
         if c is not None:
             c.close()
 
-    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
-        """The blocks found, by key; a miss or an unreachable server leaves the key out."""
-        found: dict[bytes, bytes] = {}
+    def _per_server(self, keys: Iterable[bytes], run: Callable[[str, _Conn, list[bytes]], None]) -> None:
+        """Runs `run(server, conn, keys)` for each server's share of `keys`, under that server's lock. A server that
+        cannot be reached is skipped; one that fails mid-request is marked down (its keys are misses)."""
         for server, ks in self._group(keys).items():
             with self._locks[server]:
                 c = self._conn(server)
                 if c is None:
                     continue
                 try:
-                    for i in range(0, len(ks), _CHUNK):
-                        self._get_chunk(c, ks[i : i + _CHUNK], found)
+                    run(server, c, ks)
                 except (OSError, ValueError) as e:
                     self._mark_down(server, e)
+
+    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        """The blocks found, by key; a miss or an unreachable server leaves the key out."""
+        found: dict[bytes, bytes] = {}
+
+        def run(server: str, c: _Conn, ks: list[bytes]) -> None:
+            for i in range(0, len(ks), _CHUNK):
+                self._get_chunk(c, ks[i : i + _CHUNK], found)
+
+        self._per_server(keys, run)
         return found
 
     @staticmethod
@@ -189,48 +198,43 @@ class BlockStore:
             elif not line.startswith(b"EN"):
                 raise ValueError(f"unexpected reply to mg: {line[:80]!r}")
 
+    def _quiet_replies(self, c: _Conn, server: str) -> None:
+        """Reads the replies of quiet-mode requests up to `mn`'s MN: only failures (NS, SERVER_ERROR) come before
+        it. A closed connection raises (never a loop on an empty read)."""
+        while True:
+            line = c.rfile.readline()
+            if not line:
+                raise ValueError("connection closed")
+            if line.startswith(b"MN"):
+                return
+            if b"too large" in line and not self._warned_size:
+                self._warned_size = True
+                log.warning("%s refuses blocks as too large (%r): use a block size below its "
+                            "--max-item-size", server, line[:80])  # fmt: skip
+            log.debug("block cache request refused on %s: %r", server, line[:80])
+
     def set_many(self, items: dict[bytes, bytes]) -> None:
         """Stores blocks (quietly: a full or unreachable server stores nothing and is not an error)."""
-        for server, ks in self._group(items).items():
-            with self._locks[server]:
-                c = self._conn(server)
-                if c is None:
-                    continue
-                try:
-                    t = f" T{self.ttl}".encode() if self.ttl else b""
-                    for i in range(0, len(ks), _CHUNK):
-                        parts = []
-                        for k in ks[i : i + _CHUNK]:
-                            v = items[k]
-                            parts += [b"ms ", k, b" ", str(len(v)).encode(), t, b" q\r\n", v, b"\r\n"]
-                        parts.append(b"mn\r\n")
-                        c.sock.sendall(b"".join(parts))
-                        while True:  # quiet mode: only failures (NS, SERVER_ERROR) are answered before MN
-                            line = c.rfile.readline()
-                            if not line:
-                                raise ValueError("connection closed")
-                            if line.startswith(b"MN"):
-                                break
-                            if b"too large" in line and not self._warned_size:
-                                self._warned_size = True
-                                log.warning("%s refuses blocks as too large (%r): use a block size below its "
-                                            "--max-item-size", server, line[:80])  # fmt: skip
-                            log.debug("block cache store refused on %s: %r", server, line[:80])
-                except (OSError, ValueError) as e:
-                    self._mark_down(server, e)
+        t = f" T{self.ttl}".encode() if self.ttl else b""
+
+        def run(server: str, c: _Conn, ks: list[bytes]) -> None:
+            for i in range(0, len(ks), _CHUNK):
+                parts = []
+                for k in ks[i : i + _CHUNK]:
+                    v = items[k]
+                    parts += [b"ms ", k, b" ", str(len(v)).encode(), t, b" q\r\n", v, b"\r\n"]
+                parts.append(b"mn\r\n")
+                c.sock.sendall(b"".join(parts))
+                self._quiet_replies(c, server)
+
+        self._per_server(items, run)
 
     def delete_many(self, keys: Sequence[bytes]) -> None:
-        for server, ks in self._group(keys).items():
-            with self._locks[server]:
-                c = self._conn(server)
-                if c is None:
-                    continue
-                try:
-                    c.sock.sendall(b"".join(b"md " + k + b" q\r\n" for k in ks) + b"mn\r\n")
-                    while not c.rfile.readline().startswith(b"MN"):
-                        pass
-                except (OSError, ValueError) as e:
-                    self._mark_down(server, e)
+        def run(server: str, c: _Conn, ks: list[bytes]) -> None:
+            c.sock.sendall(b"".join(b"md " + k + b" q\r\n" for k in ks) + b"mn\r\n")
+            self._quiet_replies(c, server)
+
+        self._per_server(keys, run)
 
     def close(self) -> None:
         for c in self._conns.values():

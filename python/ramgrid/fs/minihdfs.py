@@ -41,11 +41,12 @@ def hdfs_home() -> Path:
     return Path(__file__).resolve().parents[3] / "scripts" / "hdfs"
 
 
-def ensure_jars(home: Path | None = None, timeout: float = 600.0) -> Path:
-    """Fetches the jars with Maven if `lib/` is missing or empty; returns the lib folder."""
+def ensure_jars(home: Path | None = None, timeout: float = 600.0, marker: str = "hadoop-hdfs-*-tests.jar") -> Path:
+    """Fetches the runtime dependencies of `home`/pom.xml (default: this module's HDFS folder) into `home`/lib with
+    Maven if no jar there matches `marker`; returns the lib folder. Also used for the benchmarks' Hadoop jars."""
     home = home or hdfs_home()
     lib = home / "lib"
-    if lib.is_dir() and any(lib.glob("hadoop-hdfs-*-tests.jar")):
+    if lib.is_dir() and any(lib.glob(marker)):
         return lib
     mvn = shutil.which("mvn")
     if mvn is None:

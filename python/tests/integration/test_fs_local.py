@@ -170,3 +170,23 @@ def test_blocks_on_servers_that_require_a_token(tmp_path: Path, caplog: pytest.L
             assert store.get_many([b"anything"]) == {}
         assert "refused the grid's token" in caplog.text
         store.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_server_killed_under_an_open_connection_is_a_miss_for_every_request() -> None:
+    """The store's connection outlives the server: get, set and delete each end (the server marked down), never
+    wait on the closed socket (delete once looped on its empty reads)."""
+    with ramgrid.local(servers=1, memory="32MiB") as g:
+        store = BlockStore(g.servers, timeout=2.0)
+        store.set_many({b"k": b"v"})
+        assert store.get_many([b"k"]) == {b"k": b"v"}
+        g.kill(0)
+        for request in (
+            lambda: store.delete_many([b"k"]),
+            lambda: store.set_many({b"k": b"w"}),
+            lambda: store.get_many([b"k"]),
+        ):
+            store._down_until.clear()  # ask the dead server again: each request must end on the closed socket
+            request()
+        assert store.get_many([b"k"]) == {}
+        store.close()
