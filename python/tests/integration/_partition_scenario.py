@@ -12,7 +12,6 @@ heals the link, waits until the cut-off server has rejoined and copied back, and
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import ramgrid
+from _hosts import wait_port  # this script runs from its own directory
 from ramgrid._local import server_env
 from ramgrid.exceptions import BatchError, RamgridError
 
@@ -30,18 +30,6 @@ BASE = 20_000
 
 def _addr(i: int) -> str:
     return f"10.213.0.{i + 1}:7001"
-
-
-def _wait_port(addr: str, deadline: float) -> None:
-    host, port = addr.rsplit(":", 1)
-    while True:
-        try:
-            socket.create_connection((host, int(port)), timeout=0.5).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 def _until(what: str, cond: Any, timeout: float) -> float:
@@ -71,9 +59,8 @@ def run(prefix: str, logdir: str) -> dict[str, Any]:
             cmd += ["--threads", "1", "--table-memory", "128MiB", "--failure-timeout-ms", "4000"]
             log = open(f"{logdir}/server{i}.log", "wb")  # noqa: SIM115 - the process owns it
             procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + 30
-        for a in addrs:
-            _wait_port(a, deadline)
+        for a, p in zip(addrs, procs, strict=True):
+            wait_port(a, p)
         g = ramgrid.connect(",".join(addrs), token=TOKEN, call_timeout=10.0)
         g._client().push_spec()
 
