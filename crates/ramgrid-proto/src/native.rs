@@ -14,8 +14,10 @@ mod admin;
 mod data;
 mod error;
 mod frame;
+mod get_reply;
 mod message;
 mod ops;
+mod put;
 mod scan;
 mod types;
 mod wire;
@@ -25,20 +27,21 @@ mod tests;
 
 pub use admin::{CreateTable, ExportChunk, ExportRequest, Hello, HelloOk, SpecReply, VersionRef};
 pub use data::{
-    encode_delete, encode_get, Delete, Get, GetReply, GetReplyIter, GetReplyWriter, KeyBatch,
-    KeyBatchWriter, KeyGroup, KeyGroupIter, KeyGroups, KeyStatusWriter, KeyStatuses, Keys, Merge,
-    Put, PutGroup, PutGroupIter, PutGroups, PutWriter, Values,
+    encode_delete, encode_get, Delete, Get, KeyBatch, KeyBatchWriter, KeyGroup, KeyGroupIter,
+    KeyGroups, Keys,
 };
 pub use error::{FrameError, FrameErrorKind};
 pub use frame::{
     encode_frame, is_native_first_byte, parse_frame, Frame, Opcode, FLAG_RESPONSE, HEADER_LEN,
     MAGIC, PROTOCOL_VERSION,
 };
+pub use get_reply::{GetReply, GetReplyIter, GetReplyWriter, KeyStatusWriter, KeyStatuses};
 pub use message::{encode_error, Request, Response};
 pub use ops::{
     encode_op, f64_bytes, F64s, OpKind, OpReply, OpRequest, Operator, Outcome, Partial, Predicate,
     Stats, U32s, MAX_HISTOGRAM_BINS, MAX_OP_PARTITIONS,
 };
+pub use put::{Merge, Put, PutGroup, PutGroupIter, PutGroups, PutWriter, Values};
 pub use scan::{
     encode_scan, encode_scan_page, Cursor, PageHead, PageState, ScanReply, ScanRequest,
 };

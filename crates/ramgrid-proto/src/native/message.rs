@@ -3,10 +3,12 @@
 use super::admin::{
     CreateTable, ExportChunk, ExportRequest, Hello, HelloOk, SpecReply, VersionRef,
 };
-use super::data::{GetReply, KeyBatch, KeyStatuses, Put};
+use super::data::KeyBatch;
 use super::error::FrameError;
 use super::frame::{Frame, Opcode, Pending, FLAG_RESPONSE};
+use super::get_reply::{GetReply, KeyStatuses};
 use super::ops::{OpReply, OpRequest};
+use super::put::Put;
 use super::scan::{ScanReply, ScanRequest};
 use super::types::{ErrorReply, Status, TableInfo};
 use super::wire::{self, put_u32, put_u64, put_u8, Reader};

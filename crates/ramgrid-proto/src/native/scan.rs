@@ -6,10 +6,11 @@
 //! write generation seen on the first page) travels with every request, so a client that stops
 //! asking, or disconnects, has cancelled its scan at no cost to the server.
 
-use super::data::{read_keys, read_values, Keys, Values};
+use super::data::{read_keys, Keys};
 use super::error::FrameError;
 use super::frame::{Opcode, Pending, FLAG_RESPONSE};
 use super::ops::{put_predicate, read_predicate, Predicate};
+use super::put::{read_values, Values};
 use super::types::{Status, ValueType};
 use super::wire::{self, patch_u32, put_u32, put_u64, put_u8, Reader};
 
