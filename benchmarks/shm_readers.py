@@ -7,6 +7,12 @@ all driven by the same Python load generator (one 1-key get per call), plus 1,00
     python3 benchmarks/shm_readers.py                       # full run
     python3 benchmarks/shm_readers.py --quick               # smoke run
     python3 benchmarks/shm_readers.py --out benchmarks/results/shm_readers.md
+    python3 benchmarks/shm_readers.py --sections memory --figures benchmarks/results/shm_readers.json
+    python3 benchmarks/shm_readers.py --plot-only benchmarks/results/shm_readers.json   # redraw, measure nothing
+
+With --out X.md the measured figures also go to X.json (--figures names another file; the sections a run measures
+replace theirs there, the others stay), and the plots are drawn beside it: X_latency.png (1-key get latency by value
+size, log scale) and X_throughput.png (gets/s against reader processes).
 
 Needs target/release/ramgrid-server, the native module (make develop), memcached, and the Rust example
 (cargo build --release -p ramgrid-client --example shm_get). A benchmark: prints figures, asserts nothing.
