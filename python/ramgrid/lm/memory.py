@@ -52,7 +52,8 @@ def _holder(
     """One worker: waits for `go`, takes the model the mode's way, scores its slice, reports, holds until `done`."""
     from ramgrid.lm.score import Source, score_slice
 
-    go.wait(_HOLD_TIMEOUT_S)
+    if not go.wait(_HOLD_TIMEOUT_S) or done.is_set():
+        return  # not needed (the step ended before this worker's turn) or the driver is gone
     try:
         segment_bytes, segments = 0, 0
         if mode == "dict":

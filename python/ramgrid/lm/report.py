@@ -193,7 +193,8 @@ def _memory_lines(memory: dict[str, Any]) -> list[str]:
         "Fresh worker processes take the model each mode's way, score one slice of the corpus (per-partition) and "
         "hold what scoring left them while their PSS is read from /proc/PID/smaps_rollup. PSS splits a page shared "
         "by several processes between them, so the sums count it once. dict: a copy of the model in every worker, no "
-        f"server; ramgrid: a pinned table read over TCP, the model in the {servers} server(s); ramgrid+shm: the "
+        f"server; ramgrid: a pinned table read over TCP, the model in the {servers} server{'s' if servers != 1 else ''}; "
+        "ramgrid+shm: the "
         "version mapped from the servers' sealed segments. The server writes a segment and does not map it, so its "
         'pages are shared by the workers that map it and counted once in their column ("segments"). Host = '
         "workers + servers + segment pages no measured process maps (none here unless shown). Bare processes: a "
@@ -204,7 +205,7 @@ def _memory_lines(memory: dict[str, Any]) -> list[str]:
     lines.append("|---:|---|---:|---:|---:|---:|---:|")
     for r in sorted(rows, key=lambda r: (r["workers"], list(_MEMORY_SYSTEM).index(r["mode"]))):
         w = r["workers"]
-        seg = sum(r.get("worker_shmem_pss") or []) / w if r["mode"] == "shm" else 0.0
+        seg = r.get("segment_pss", 0) / w
         lines.append(
             f"| {w} | {_MEMORY_SYSTEM.get(r['mode'], r['mode'])} | {_mib(r['workers_pss'] / w)} | "
             f"{_mib(seg) if r['mode'] == 'shm' else '-'} | {_mib(r['workers_pss'])} | "
