@@ -7,6 +7,12 @@ all driven by the same Python load generator (one 1-key get per call), plus 1,00
     python3 benchmarks/shm_readers.py                       # full run
     python3 benchmarks/shm_readers.py --quick               # smoke run
     python3 benchmarks/shm_readers.py --out benchmarks/results/shm_readers.md
+    python3 benchmarks/shm_readers.py --sections memory --figures benchmarks/results/shm_readers.json
+    python3 benchmarks/shm_readers.py --plot-only benchmarks/results/shm_readers.json   # redraw, measure nothing
+
+With --out X.md the measured figures also go to X.json (--figures names another file; the sections a run measures
+replace theirs there, the others stay), and the plots are drawn beside it: X_latency.png (1-key get latency by value
+size, log scale) and X_throughput.png (gets/s against reader processes).
 
 Needs target/release/ramgrid-server, the native module (make develop), memcached, and the Rust example
 (cargo build --release -p ramgrid-client --example shm_get). A benchmark: prints figures, asserts nothing.
@@ -33,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 
 import ramgrid
+from ramgrid._pss import MEMFD_PREFIX, mapping_pss, read_pss, segment_pss
 
 SIZES = (4, 64, 512, 4096)
 
@@ -106,67 +113,90 @@ def gets_per_second(kind: str, target: str, table: str, version: int, nkeys: int
     return float(sum(rates))
 
 
-def _pss(pid: int) -> tuple[int, int]:
-    """(Pss, Pss_Shmem) of a process in bytes, from /proc/PID/smaps_rollup."""
-    f = {}
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        parts = line.split()
-        if len(parts) >= 3 and parts[0] in ("Pss:", "Pss_Shmem:"):
-            f[parts[0]] = int(parts[1]) * 1024
-    return f.get("Pss:", 0), f.get("Pss_Shmem:", 0)
-
-
 def holder(kind: str, spec: str, table: str, version: int, nkeys: int, ready: Any, done: Any) -> None:
-    """A worker holding the model the way `kind` does, having read every key once; waits for `done`."""
+    """A worker holding the model the way `kind` does, having read every key once; waits for `done`. Reads go 1,000
+    keys at a time: the values of a batch are Python objects freed after it, and glibc keeps freed heap for reuse
+    (4 MB a batch here; 10,000-key batches left 10-20 MiB of free heap per worker that PSS counts)."""
     keys = np.arange(nkeys, dtype=np.int64)
+    segment_bytes = 0
     if kind == "dict":
         t = ramgrid.connect(spec).table(table).pin(version, shared_memory=False)
         model = {}
-        for lo in range(0, nkeys, 10_000):
-            vals = t.get_many(keys[lo : lo + 10_000])
-            model.update(zip(keys[lo : lo + 10_000].tolist(), vals))
+        for lo in range(0, nkeys, 1_000):
+            vals = t.get_many(keys[lo : lo + 1_000])
+            model.update(zip(keys[lo : lo + 1_000].tolist(), vals))
         assert len(model) == nkeys
     else:
         p = ramgrid.connect(spec).table(table).pin(version, shared_memory=(kind == "shm"))
-        for lo in range(0, nkeys, 10_000):
-            p.get_many(keys[lo : lo + 10_000])
-    ready.put(os.getpid())
+        for lo in range(0, nkeys, 1_000):
+            p.get_many(keys[lo : lo + 1_000])
+        if kind == "shm":
+            segment_bytes = int(p.describe()["shared_memory"]["bytes"])
+    ready.put((os.getpid(), segment_bytes))
     done.wait()
 
 
-def memory_per_host(
-    kind: str, g: Any, table: str, version: int, nkeys: int, workers: int, segments: int
-) -> tuple[int, int]:
-    """(readers' bytes, host bytes) with `workers` processes holding the model as `kind`: PSS, so shared pages count
-    once; shared-memory segments counted once, whoever maps them (and the server's descriptors hold them)."""
+def _mapping_class(name: str) -> str:
+    if name.startswith(MEMFD_PREFIX):
+        return "segments"
+    if name == "[heap]":
+        return "heap"
+    if name.startswith("/"):
+        return "files"
+    return "anon"  # unnamed mappings (pymalloc arenas, large blocks, thread stacks), [stack], [vvar], ...
+
+
+def memory_per_host(kind: str, g: Any, table: str, version: int, nkeys: int, workers: int) -> dict[str, Any]:
+    """Memory with `workers` processes holding the model as `kind`, in bytes: PSS, so shared pages count once. A
+    segment's pages are charged to the processes that map it (the server writes it and does not map it), so the
+    workers' PSS holds each segment once; pages no measured process maps are added apart (`unmapped`)."""
     ctx = mp.get_context("spawn")
     ready, done = ctx.Queue(), ctx.Event()
     ps = [ctx.Process(target=holder, args=(kind, g.spec, table, version, nkeys, ready, done)) for _ in range(workers)]
     for p in ps:
         p.start()
-    pids = [ready.get(timeout=300) for _ in ps]
-    readers = 0
+    got = [ready.get(timeout=300) for _ in ps]
+    pids = [pid for pid, _ in got]
+    segment_bytes = max(seg for _, seg in got)
+    pss = [read_pss(pid) for pid in pids]
+    where: dict[str, float] = {}
     for pid in pids:
-        pss, shmem = _pss(pid)
-        readers += pss - shmem
-    segments = segments if kind == "shm" else 0
+        for name, b in mapping_pss(pid).items():
+            where[_mapping_class(name)] = where.get(_mapping_class(name), 0) + b / workers
+    server = 0 if kind == "dict" else sum(read_pss(pid).pss for pid in g.pids)
+    mapped = segment_pss(pids + list(g.pids)) if kind == "shm" else 0
     done.set()
     for p in ps:
         p.join(timeout=30)
-    server = 0 if kind == "dict" else sum(_pss(pid)[0] for pid in g.pids)
-    return readers + segments, readers + segments + server
+    unmapped = max(0, segment_bytes - mapped)
+    unmapped = unmapped if unmapped > 1024 * 16 * workers else 0  # smaps rounds each mapping's PSS down to a KiB
+    w = sum(x.pss for x in pss)
+    return {
+        "workers": workers,
+        "mode": kind,
+        "workers_pss": w,
+        "server_pss": server,
+        "segment_bytes": segment_bytes,
+        "segment_pss": mapped,
+        "unmapped": unmapped,
+        "host": w + server + unmapped,
+        "per_worker_by_mapping": where,
+    }
 
 
-def memory_section(out: Any, nkeys: int, quick: bool) -> None:
+def memory_section(out: Any, nkeys: int, quick: bool, fig: dict[str, Any]) -> None:
     out("## Memory per host with 2 and 8 worker processes (PSS; a model of 4 KB values, every key read once)")
     out()
-    out("A server of its own holding only the model. Readers: the workers' PSS less their share of shared-memory")
-    out("pages, plus the segments once; host: readers plus the server (none for dict: each worker holds a copy).")
+    out("A server of its own holding only the model. Workers: the sum of their PSS, in which each shared-memory")
+    out("segment counts once (its pages are split between the workers that map it; the server writes it and does not")
+    out("map it); host: workers plus the server (none for dict: each worker holds a copy), plus any segment page no")
+    out("measured process maps (none: each worker checks every page when it maps a segment).")
     out()
-    out("| workers | mode | readers, MiB | host, MiB |")
-    out("|---:|---|---:|---:|")
+    out("| workers | mode | PSS per worker, MiB | of which segments | workers, MiB | server, MiB | host, MiB |")
+    out("|---:|---|---:|---:|---:|---:|---:|")
     # 20,000 values of 4 KB (quick: 5,000): small enough for 8 private copies.
     mem_keys = min(nkeys, 5_000 if quick else 20_000)
+    rows = []
     with ramgrid.local(servers=1, memory="1GiB") as g:
         t = g.create_table("model", partitions=16, value_type="bytes")
         with t.new_version() as w:
@@ -174,22 +204,42 @@ def memory_section(out: Any, nkeys: int, quick: bool) -> None:
                 ks = list(range(lo, min(mem_keys, lo + 5_000)))
                 w.put_many(np.array(ks, dtype=np.int64), [value(k, 4096) for k in ks])
         v = t.current_version()
-        # The driver maps the segments too, to learn their size (the workers map the same pages).
-        segments = int(t.pin(v, shared_memory=True).describe()["shared_memory"]["bytes"])
         for workers in (2, 8):
-            for kind in ("dict", "tcp", "shm"):
-                r, h = memory_per_host(kind, g, "model", v, mem_keys, workers, segments)
-                out(f"| {workers} | {kind} | {r / 2**20:,.1f} | {h / 2**20:,.1f} |")
+            for kind in ("dict", "tcp", "shm"):  # tcp before shm: the server makes its segments on the first ask
+                r = memory_per_host(kind, g, "model", v, mem_keys, workers)
+                rows.append(r)
+                seg = r["per_worker_by_mapping"].get("segments", 0) / 2**20
+                out(
+                    f"| {workers} | {kind} | {r['workers_pss'] / workers / 2**20:,.1f} | "
+                    + (f"{seg:,.1f}" if kind == "shm" else "-")
+                    + f" | {r['workers_pss'] / 2**20:,.1f} | "
+                    + (f"{r['server_pss'] / 2**20:,.1f}" if kind != "dict" else "-")
+                    + f" | {r['host'] / 2**20:,.1f} |"
+                )
     out()
+    classes = ("heap", "anon", "files", "segments")
+    out("Where a worker's PSS lies with 8 workers (MiB, mean per worker, by mapping in /proc/PID/smaps):")
+    out()
+    out("| mode | [heap] (glibc malloc) | anonymous (pymalloc arenas, large blocks, stacks) | files | segments |")
+    out("|---|---:|---:|---:|---:|")
+    for r in rows:
+        if r["workers"] == 8:
+            m = r["per_worker_by_mapping"]
+            out(f"| {r['mode']} | " + " | ".join(f"{m.get(c, 0) / 2**20:,.1f}" for c in classes) + " |")
+    out()
+    fig.update({"keys": mem_keys, "value_bytes": 4096, "rows": rows})
 
 
-def latency_sections(out: Any, nkeys: int, secs: float, procs: list[int], mc_port: int) -> None:
+def latency_sections(out: Any, nkeys: int, secs: float, procs: list[int], mc_port: int, fig: dict[str, Any]) -> None:
     from pymemcache.client.base import Client as Mc
 
     g = ramgrid.local(servers=1, memory="2GiB", threads=4)
     addr = g.addresses[0]
     mcc = Mc(("127.0.0.1", mc_port))
     tables: dict[int, tuple[str, int]] = {}
+    lat: dict[str, list[float]] = fig.setdefault("latency_ns", {"memcached": [], "tcp": [], "shm": []})
+    bat: dict[str, list[float]] = fig.setdefault("batch_ns_per_key", {"memcached": [], "tcp": [], "shm": []})
+    fig["sizes"] = list(SIZES)
     for size in SIZES:
         name = f"v{size}"
         t = g.create_table(name, partitions=16, value_type="bytes")
@@ -214,6 +264,8 @@ def latency_sections(out: Any, nkeys: int, secs: float, procs: list[int], mc_por
         r_tcp = per_call_ns(tcp.get, sample, secs)
         r_shm = per_call_ns(shm.get, sample, secs)
         out(f"| {size} B | {m:,.0f} | {r_tcp:,.0f} | {r_shm:,.0f} | {r_tcp / r_shm:.0f}x |")
+        for k, x in (("memcached", m), ("tcp", r_tcp), ("shm", r_shm)):
+            lat[k].append(x)
     out()
     out("## 1,000-key batch from Python (ns per key)")
     out()
@@ -229,6 +281,8 @@ def latency_sections(out: Any, nkeys: int, secs: float, procs: list[int], mc_por
         r_tcp = per_call_ns(tcp.lookup, [batch], secs) / 1000
         r_shm = per_call_ns(shm.lookup, [batch], secs) / 1000
         out(f"| {size} B | {m:,.0f} | {r_tcp:,.1f} | {r_shm:,.1f} |")
+        for k, x in (("memcached", m), ("tcp", r_tcp), ("shm", r_shm)):
+            bat[k].append(x)
     out()
     ex = REPO / "target/release/examples/shm_get"
     if ex.exists():
@@ -245,6 +299,7 @@ def latency_sections(out: Any, nkeys: int, secs: float, procs: list[int], mc_por
             )
             for row in map(json.loads, res.stdout.splitlines()):
                 out(f"| {size} B | {row['mode']} | {row['get1_ns']:,.0f} | {row['batch1000_ns_per_key']:,.1f} |")
+                fig.setdefault("rust", []).append({"size": size, **row})
         out()
     out("## Gets/s against reader processes (1-key gets, 4 B and 4 KB values)")
     out()
@@ -259,8 +314,106 @@ def latency_sections(out: Any, nkeys: int, secs: float, procs: list[int], mc_por
                 gets_per_second("shm", g.spec, name, v, nkeys, n, secs),
             ]
             out(f"| {size} B | {n} | " + " | ".join(f"{r:,.0f}" for r in row) + " |")
+            fig.setdefault("gets_per_s", []).append(
+                {"size": size, "readers": n, "memcached": row[0], "tcp": row[1], "shm": row[2]}
+            )
     out()
     g.close()
+
+
+COLORS = {"memcached": "#c0504d", "tcp": "#4f81bd", "shm": "#8064a2"}
+LABELS = {"memcached": "memcached (pymemcache)", "tcp": "ramgrid TCP", "shm": "ramgrid shared memory"}
+
+
+def plot_figures(figs: dict[str, Any], json_path: Path) -> list[Path]:
+    """The latency and gets/s plots (like Panda & Sur's slides) from the figures, beside `json_path`:
+    <stem>_latency.png and <stem>_throughput.png. Nothing is drawn for a file without latency figures."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lat = figs.get("latency") or {}
+    if not lat.get("latency_ns"):
+        return []
+    where = f"{lat.get('machine', '')}; {lat.get('command', '')}".strip("; ")
+    written = []
+    sizes = lat["sizes"]
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for k in ("memcached", "tcp", "shm"):
+        ax.plot(sizes, [x / 1e3 for x in lat["latency_ns"][k]], marker="o", color=COLORS[k], label=LABELS[k])
+    for k in ("tcp", "shm"):
+        pts = sorted((r["size"], r["get1_ns"]) for r in lat.get("rust", []) if r["mode"] == k)
+        if pts:
+            ax.plot(
+                [a for a, _ in pts],
+                [b / 1e3 for _, b in pts],
+                marker="s",
+                linestyle="--",
+                color=COLORS[k],
+                label=f"{LABELS[k]}, from Rust",
+            )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([f"{x} B" if x < 1024 else f"{x // 1024} KB" for x in sizes])
+    ax.set_xlabel("value size")
+    ax.set_ylabel("1-key get latency, µs (mean, log scale)")
+    ax.set_title("Get latency by value size: one process, one key per call")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.text(0.01, 0.01, where, fontsize=6, color="gray")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    p = json_path.with_name(json_path.stem + "_latency.png")
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    written.append(p)
+    rows = lat.get("gets_per_s") or []
+    if rows:
+        fig, ax = plt.subplots(figsize=(8, 5.5))
+        for size, style, mark in ((4, "-", "o"), (4096, "--", "s")):
+            pts = sorted((r for r in rows if r["size"] == size), key=lambda r: r["readers"])
+            if not pts:
+                continue
+            for k in ("memcached", "tcp", "shm"):
+                ax.plot(
+                    [r["readers"] for r in pts],
+                    [r[k] for r in pts],
+                    marker=mark,
+                    linestyle=style,
+                    color=COLORS[k],
+                    label=f"{LABELS[k]}, {size if size < 1024 else size // 1024} {'B' if size < 1024 else 'KB'}",
+                )
+        cores = lat.get("cpus")
+        if cores:
+            ax.axvline(cores, color="gray", linewidth=0.8, linestyle=":", label=f"{cores} cores on this machine")
+        readers = sorted({r["readers"] for r in rows})
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(readers)
+        ax.set_xticklabels([str(x) for x in readers])
+        ax.set_xlabel("reader processes")
+        ax.set_ylabel("1-key gets per second, all readers (log scale)")
+        ax.set_title("Gets/s against reader processes")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+        fig.text(0.01, 0.01, where, fontsize=6, color="gray")
+        fig.tight_layout(rect=(0, 0.03, 1, 1))
+        p = json_path.with_name(json_path.stem + "_throughput.png")
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
+    return written
+
+
+def save_figures(figs: dict[str, Any], json_path: Path) -> None:
+    """Writes the figures of this run's sections into `json_path`, keeping the other sections already there (a run of
+    the memory section alone keeps the latency figures the plots were drawn from)."""
+    import json
+
+    old = json.loads(json_path.read_text()) if json_path.exists() else {}
+    old.update(figs)
+    json_path.write_text(json.dumps(old, indent=1) + "\n")
 
 
 def main() -> None:
@@ -273,7 +426,25 @@ def main() -> None:
     ap.add_argument(
         "--sections", default="latency,memory", help="latency (latency, batches, Rust, gets/s) and/or memory"
     )
+    ap.add_argument(
+        "--figures",
+        type=Path,
+        help="JSON of the measured figures, the plots beside it (default: --out with .json; the sections this run "
+        "measures replace theirs in an existing file)",
+    )
+    ap.add_argument(
+        "--plot-only",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: draw the plots again from a saved JSON of the figures (beside it)",
+    )
     args = ap.parse_args()
+    if args.plot_only:
+        import json
+
+        for p in plot_figures(json.loads(args.plot_only.read_text()), args.plot_only):
+            print(f"wrote {p}")
+        return
     nkeys = args.keys or (10_000 if args.quick else 100_000)
     secs = args.seconds or (0.5 if args.quick else 2.0)
     procs = [int(x) for x in args.procs.split(",")]
@@ -292,6 +463,7 @@ def main() -> None:
                 raise RuntimeError("memcached did not start") from None
             time.sleep(0.05)
     lines: list[str] = []
+    figs: dict[str, Any] = {}
 
     def out(s: str = "") -> None:
         print(s, flush=True)
@@ -315,15 +487,32 @@ def main() -> None:
         )
         out("one ramgrid server (4 threads) and one memcached (-t 4) on the same host; the same Python load generator.")
         out()
+        run = {
+            "command": cmd,
+            "machine": f"{os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}",
+            "cpus": os.cpu_count(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        }
         if "latency" in sections:
-            latency_sections(out, nkeys, secs, procs, mc_port)
+            figs["latency"] = {**run, "keys": nkeys, "seconds": secs}
         if "memory" in sections:
-            memory_section(out, nkeys, args.quick)
+            figs["memory"] = dict(run)
+        if "latency" in sections:
+            latency_sections(out, nkeys, secs, procs, mc_port, figs.setdefault("latency", {}))
+        if "memory" in sections:
+            memory_section(out, nkeys, args.quick, figs.setdefault("memory", {}))
     finally:
         mc.terminate()
         mc.wait(timeout=10)
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
+    json_path = args.figures or (args.out.with_suffix(".json") if args.out else None)
+    if json_path:
+        save_figures(figs, json_path)
+        import json
+
+        for p in plot_figures(json.loads(json_path.read_text()), json_path):
+            print(f"wrote {p}")
 
 
 if __name__ == "__main__":

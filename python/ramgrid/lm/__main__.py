@@ -39,6 +39,18 @@ def _servers(s: str) -> tuple[int, ...]:
     return v
 
 
+def _worker_counts(s: str) -> tuple[int, ...]:
+    if s.strip().lower() in ("none", "0", ""):
+        return ()
+    try:
+        v = tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of worker counts or 'none', got {s!r}") from None
+    if not v or min(v) < 1 or max(v) > 64:
+        raise argparse.ArgumentTypeError(f"worker counts must be 1 to 64, got {s!r}")
+    return tuple(sorted(set(v)))
+
+
 def _names(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
     def parse(s: str) -> tuple[str, ...]:
         v = tuple(x.strip() for x in s.split(",") if x.strip())
@@ -108,6 +120,14 @@ def build_parser(prog: str = "ramgrid demo lm") -> argparse.ArgumentParser:
     r.add_argument("--workers", type=_positive, default=2, help="Dask worker processes (default 2)")
     r.add_argument("--threads-per-worker", type=_positive, default=1)
     r.add_argument(
+        "--memory-workers",
+        type=_worker_counts,
+        default=(2, 8),
+        metavar="N,N",
+        help="measure the memory per host (PSS) of the dict, TCP and shared-memory modes with these numbers of worker "
+        "processes, once, on the first server count (default 2,8; none skips it)",
+    )
+    r.add_argument(
         "--lines-per-task",
         type=_positive,
         default=20_000,
@@ -171,6 +191,7 @@ def demo_main(argv: Sequence[str] | None = None, prog: str = "ramgrid demo lm") 
         servers=args.servers,
         workers=args.workers,
         threads_per_worker=args.threads_per_worker,
+        memory_workers=args.memory_workers,
         lines_per_task=args.lines_per_task,
         per_token_sentences=args.per_token_sentences,
         per_sentence_sentences=args.per_sentence_sentences,

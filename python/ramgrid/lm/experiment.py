@@ -6,7 +6,9 @@ Runs, for each server count n:
     (the client's lookup-reduce in Rust: raw lines in, sentence scores out);
   - memcached (n servers, pymemcache HashClient): per-token, per-sentence, per-partition (it has no fused mode);
   - NoOp on every workload (the job's own overhead, subtracted for the paper's throughput);
-and once, as the ceiling: a dict in each worker (per-token and per-partition).
+and once, as the ceiling: a dict in each worker (per-token and per-partition); and once, on the first server count's
+grid before its runs, the memory each way of holding the model costs per host with 2 and 8 worker processes (PSS:
+ramgrid.lm.memory).
 
 Per-token modes run on the first `per_token_sentences` sentences only (they are slow by design); per-sentence modes
 on the first `per_sentence_sentences` (all by default). Every run of a workload must give bit-identical scores; the
@@ -76,6 +78,7 @@ class ExperimentConfig:
     modes: tuple[str, ...] = LOOKUP_MODES
     peers: tuple[str, ...] = PEERS
     near_cache_mb: int = 256
+    memory_workers: tuple[int, ...] = (2, 8)  # worker counts of the memory step (ramgrid.lm.memory); () skips it
     grid_partitions: int = 64
     replication: int = 1
     server_memory: str = "1GiB"
@@ -180,6 +183,9 @@ class _Runner:
         self.records: list[dict[str, Any]] = []
         self.first_scores: dict[int, tuple[str, np.ndarray]] = {}
         self.headline: np.ndarray | None = None
+        self.model_dict: dict[str, float] = {}
+        self.work = ""
+        self.memory: dict[str, Any] | None = None  # the memory step's result (ramgrid.lm.memory)
 
     def run(
         self,
@@ -372,6 +378,8 @@ def run_experiment(cfg: ExperimentConfig, *, quiet: bool = False) -> dict[str, A
             else:
                 ref = None
             runner = _Runner(client, corpus, cfg, quiet)
+            runner.model_dict = model_dict
+            runner.work = work
             loads: list[dict[str, Any]] = []
             distribution: list[dict[str, Any]] = []
             keys = list(model_dict)
@@ -426,6 +434,8 @@ def run_experiment(cfg: ExperimentConfig, *, quiet: bool = False) -> dict[str, A
             with contextlib.suppress(OSError):
                 result["machine"]["load_average_at_end"] = list(os.getloadavg())
             result["runs"] = runner.records
+            if runner.memory is not None:
+                result["memory"] = runner.memory
             result["loads"] = loads
             result["distribution"] = distribution
             result["reference_check"] = _check_reference(runner, ref)
@@ -476,6 +486,9 @@ def _run_ramgrid(
                 "how": "primary replica of each key's partition (partition map)",
             }
         )
+        if n == cfg.servers[0] and cfg.memory_workers:
+            # Before anything in this process or the Dask workers maps the version (see ramgrid.lm.memory).
+            runner.memory = _measure_memory(runner, grid, cfg, peers, model, version, quiet)
         # TCP rows read over TCP even though the servers are on this host; the shared-memory row maps the
         # version in each worker process (docs/shared-memory.md).
         plain = grid.table(TABLE).pin(version, shared_memory=False)
@@ -491,6 +504,47 @@ def _run_ramgrid(
             for mode in cfg.modes:
                 runner.run(n, system, mode, src, wl.for_mode(mode), reset_configs=configs)
         client.run(reset_worker_clients, configs)  # before the servers stop: no worker keeps dead connections
+
+
+def _measure_memory(
+    runner: _Runner,
+    grid: Any,
+    cfg: ExperimentConfig,
+    peers: Sequence[str],
+    model: LanguageModel,
+    version: int,
+    quiet: bool,
+) -> dict[str, Any] | None:
+    from ramgrid.lm.corpus import split_tasks
+    from ramgrid.lm.memory import measure_memory
+
+    modes = [m for m, peer in (("dict", "dict"), ("tcp", "ramgrid"), ("shm", "shm")) if peer in peers]
+    if not modes:
+        return None
+    corpus = runner.corpus
+    slices = [corpus.slice(a, c) for a, c in split_tasks(corpus.lines, cfg.lines_per_task, 1)]
+    _say(quiet, f"memory per host ({', '.join(modes)}; {', '.join(map(str, cfg.memory_workers))} worker processes):")
+    mem = measure_memory(
+        grid,
+        TABLE,
+        version,
+        SharedModel(runner.model_dict),
+        model.unk_log_prob,
+        slices,
+        modes=modes,
+        worker_counts=cfg.memory_workers,
+        work_dir=runner.work,
+    )
+    for r in mem["rows"]:
+        _say(
+            quiet,
+            f"  {r['mode']:<5} {r['workers']} workers: {r['workers_pss'] / 2**20:8.1f} MiB in the workers, "
+            f"{r['servers_pss'] / 2**20:7.1f} MiB in the servers, {r['host'] / 2**20:8.1f} MiB per host",
+        )
+    for note in mem["notes"]:
+        _say(quiet, "  note: " + note)
+    _say(quiet, f"  measured in {mem['seconds']:.1f} s")
+    return mem
 
 
 def _check_reference(runner: _Runner, ref: np.ndarray | None) -> dict[str, Any]:

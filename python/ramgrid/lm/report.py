@@ -177,6 +177,58 @@ def _where_time_goes(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+_MEMORY_SYSTEM = {"dict": "dict", "tcp": "ramgrid", "shm": "ramgrid+shm"}
+
+
+def _mib(x: float) -> str:
+    return f"{x / 2**20:,.1f} MiB"
+
+
+def _memory_lines(memory: dict[str, Any]) -> list[str]:
+    """The memory step's table (ramgrid.lm.memory): PSS per host for each mode and worker count."""
+    rows = memory.get("rows") or []
+    lines = ["## Memory per host (PSS)", ""]
+    servers = memory.get("servers", 0)
+    lines.append(
+        "Fresh worker processes take the model each mode's way, score one slice of the corpus (per-partition) and "
+        "hold what scoring left them while their PSS is read from /proc/PID/smaps_rollup. PSS splits a page shared "
+        "by several processes between them, so the sums count it once. dict: a copy of the model in every worker, no "
+        f"server; ramgrid: a pinned table read over TCP, the model in the {servers} server{'s' if servers != 1 else ''}; "
+        "ramgrid+shm: the "
+        "version mapped from the servers' sealed segments. The server writes a segment and does not map it, so its "
+        'pages are shared by the workers that map it and counted once in their column ("segments"). Host = '
+        "workers + servers + segment pages no measured process maps (none here unless shown). Bare processes: a "
+        "Dask worker adds its own runtime, the same in every mode."
+    )
+    lines.append("")
+    lines.append("| Workers | System | PSS per worker | of which segments | Workers | Servers | Host |")
+    lines.append("|---:|---|---:|---:|---:|---:|---:|")
+    for r in sorted(rows, key=lambda r: (r["workers"], list(_MEMORY_SYSTEM).index(r["mode"]))):
+        w = r["workers"]
+        seg = r.get("segment_pss", 0) / w
+        lines.append(
+            f"| {w} | {_MEMORY_SYSTEM.get(r['mode'], r['mode'])} | {_mib(r['workers_pss'] / w)} | "
+            f"{_mib(seg) if r['mode'] == 'shm' else '-'} | {_mib(r['workers_pss'])} | "
+            f"{_mib(r['servers_pss']) if r['mode'] != 'dict' else '-'} | {_mib(r['host'])}"
+            + (f" (+{_mib(r['segment_unmapped'])} unmapped)" if r.get("segment_unmapped") else "")
+            + " |"
+        )
+    for w in sorted({r["workers"] for r in rows}):
+        by = {r["mode"]: r["host"] for r in rows if r["workers"] == w}
+        if "shm" in by and "dict" in by and by["shm"]:
+            tcp = f", {_mib(by['tcp'])} over TCP" if "tcp" in by else ""
+            lines.append("")
+            lines.append(
+                f"With {w} workers the shared-memory mode costs the host {_mib(by['shm'])} against {_mib(by['dict'])} "
+                f"for a dict in every worker ({by['dict'] / by['shm']:.2f}x){tcp}."
+            )
+    for note in memory.get("notes", []):
+        lines.append("")
+        lines.append(f"Note: {note}.")
+    lines.append("")
+    return lines
+
+
 def _load_note(machine: dict[str, Any]) -> str:
     a, b = machine.get("load_average_at_start"), machine.get("load_average_at_end")
     if not a or not b:
@@ -315,6 +367,8 @@ def format_markdown(result: dict[str, Any], summary: dict[str, Any]) -> str:
         lines.append("|---|---|---:|---:|---:|---:|---:|---:|")
         lines.extend(time_rows)
         lines.append("")
+    if result.get("memory"):
+        lines.extend(_memory_lines(result["memory"]))
     lines.append("## Loads and key distribution (Figure 6)")
     lines.append("")
     for ld in result.get("loads", []):

@@ -282,9 +282,10 @@ def test_demo_main_on_sampled_sentences_writes_the_report(tmp_path: Path, capsys
     pytest.importorskip("wordfreq", reason="wordfreq is not installed (pip install wordfreq)")
     pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install matplotlib)")
     out = tmp_path / "out"
-    peers = "ramgrid,near,memcached,dict" if shutil.which("memcached") else "ramgrid,near,dict"
+    peers = "ramgrid,near,shm,memcached,dict" if shutil.which("memcached") else "ramgrid,near,shm,dict"
     argv = ["--sample-sentences", "1500", "--servers", "2", "--per-token-sentences", "60"]
     argv += ["--per-sentence-sentences", "300", "--lines-per-task", "400", "--peers", peers, "--out", str(out)]
+    argv += ["--memory-workers", "2"]  # the memory step with its smaller count only, to keep the test short
     assert demo_main(argv) == 0
     printed = capsys.readouterr().out
     assert "sampled from the English word frequencies in the wordfreq package" in printed
@@ -296,6 +297,17 @@ def test_demo_main_on_sampled_sentences_writes_the_report(tmp_path: Path, capsys
     assert ("ramgrid", "per-token") in systems and ("noop", "noop") in systems and ("dict", "per-partition") in systems
     assert all(v.startswith("identical") for v in res["reference_check"]["workloads"].values())
     assert [t["servers"] for t in res["summary"]["targets"]] == [2]
+    # The memory step: every mode with 2 workers, PSS summed into a host total that counts the segments once.
+    mem = {r["mode"]: r for r in res["memory"]["rows"]}
+    assert sorted(mem) == ["dict", "shm", "tcp"] and res["memory"]["notes"] == []
+    for r in mem.values():
+        assert r["workers"] == 2 and len(r["worker_pss"]) == 2 and min(r["worker_pss"]) > 0
+        assert r["host"] == r["workers_pss"] + r["servers_pss"] + r["segment_unmapped"]
+    assert mem["dict"]["servers_pss"] == 0 and mem["tcp"]["servers_pss"] > 0 and mem["tcp"]["segment_bytes"] == 0
+    shm = mem["shm"]
+    assert shm["segment_bytes"] > 0 and shm["segment_unmapped"] == 0
+    assert shm["segment_pss"] >= shm["segment_bytes"] - 1024 * 64 * 2  # both workers map every page of every segment
+    assert "## Memory per host (PSS)" in printed and "| 2 | ramgrid+shm |" in printed
     with np.load(out / "scores.npz") as scores:  # an NpzFile holds its file open until closed
         assert scores["score"].shape == (1500,) and (scores["score"] < 0).all()
 

@@ -115,3 +115,44 @@ def test_fused_mode_is_compared_with_memcached_batched_and_the_dict() -> None:
     assert "Targets (issue 10)" in md and "| 2 | 5.0 k/s | 12x | yes | 3.00x | yes |" in md
     # The per-partition targets are unchanged by the extra run.
     assert [x["servers"] for x in summary["targets"]] == [1, 2]
+
+
+def _mem_row(workers: int, mode: str, per_worker_mib: float, servers_mib: float, shmem_mib: float = 0.0) -> Any:
+    mib = 2**20
+    return {
+        "workers": workers,
+        "mode": mode,
+        "worker_pss": [int(per_worker_mib * mib)] * workers,
+        "worker_shmem_pss": [int(shmem_mib * mib)] * workers,
+        "workers_pss": int(per_worker_mib * mib) * workers,
+        "servers_pss": int(servers_mib * mib),
+        "segment_bytes": int(shmem_mib * workers * mib),
+        "segment_pss": int(shmem_mib * workers * mib),
+        "segment_unmapped": 0,
+        "host": int(per_worker_mib * mib) * workers + int(servers_mib * mib),
+    }
+
+
+def test_memory_section_shows_each_mode_per_host_and_the_ratio_to_the_dict() -> None:
+    result = _result()
+    result["memory"] = {
+        "rows": [
+            _mem_row(8, "shm", 40.0, 100.0, shmem_mib=10.0),
+            _mem_row(8, "dict", 200.0, 0.0),
+            _mem_row(8, "tcp", 30.0, 100.0),
+        ],
+        "notes": ["memory of the x mode not measured: because"],
+        "servers": 1,
+    }
+    md = format_markdown(result, derive(result))
+    assert "## Memory per host (PSS)" in md
+    lines = md.splitlines()
+    start = lines.index("| Workers | System | PSS per worker | of which segments | Workers | Servers | Host |")
+    assert lines[start + 2 : start + 5] == [
+        "| 8 | dict | 200.0 MiB | - | 1,600.0 MiB | - | 1,600.0 MiB |",
+        "| 8 | ramgrid | 30.0 MiB | - | 240.0 MiB | 100.0 MiB | 340.0 MiB |",
+        "| 8 | ramgrid+shm | 40.0 MiB | 10.0 MiB | 320.0 MiB | 100.0 MiB | 420.0 MiB |",
+    ]
+    assert "costs the host 420.0 MiB against 1,600.0 MiB for a dict in every worker (3.81x), 340.0 MiB over TCP" in md
+    assert "Note: memory of the x mode not measured: because." in md
+    assert "## Memory per host" not in format_markdown(_result(), derive(_result()))
