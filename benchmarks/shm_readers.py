@@ -7,6 +7,7 @@ all driven by the same Python load generator (one 1-key get per call), plus 1,00
     python3 benchmarks/shm_readers.py                       # full run
     python3 benchmarks/shm_readers.py --quick               # smoke run
     python3 benchmarks/shm_readers.py --out benchmarks/results/shm_readers.md
+    python3 benchmarks/shm_readers.py --sections get1,batch,rust   # latency rows only (no gets/s, no memory)
 
 Needs target/release/ramgrid-server, the native module (make develop), memcached, and the Rust example
 (cargo build --release -p ramgrid-client --example shm_get). A benchmark: prints figures, asserts nothing.
@@ -35,6 +36,26 @@ sys.path.insert(0, str(REPO / "python"))
 import ramgrid
 
 SIZES = (4, 64, 512, 4096)
+# The tables: bytes values of each size, and one f64 table (8-byte numbers: a scalar from `get`, a float64 numpy
+# array from a batch); memcached holds the same 8 bytes for it.
+TABLES: tuple[int | str, ...] = (*SIZES, "f64")
+LATENCY_SECTIONS = ("get1", "batch", "rust", "readers")
+
+
+def fig(pair: list[float] | None, digits: int) -> str:
+    """A [wall, CPU] figure as "wall (CPU)"."""
+    if pair is None:
+        return ""
+    wall, cpu = pair
+    return f"{wall:,.{digits}f} ({cpu:,.{digits}f})"
+
+
+def label(size: int | str) -> str:
+    return f"{size} B" if isinstance(size, int) else f"{size} (8 B)"
+
+
+def f64_value(k: int) -> float:
+    return k * 0.5 + 0.25
 
 
 def free_port() -> int:
@@ -48,15 +69,22 @@ def value(k: int, size: int) -> bytes:
 
 
 def per_call_ns(f: Any, keys: list[Any], seconds: float) -> float:
-    """Mean ns per call of f(key) over the keys, cycled, for about `seconds`."""
-    n, t0 = 0, time.perf_counter()
+    """Mean wall ns per call of f(key) over the keys, cycled, for about `seconds`."""
+    return per_call_ns_cpu(f, keys, seconds)[0]
+
+
+def per_call_ns_cpu(f: Any, keys: list[Any], seconds: float) -> tuple[float, float]:
+    """(wall, this thread's CPU time) in mean ns per call of f(key) over the keys, cycled, for about `seconds`. The
+    CPU time is what a call costs without the scheduler's share of a busy machine; it says nothing of a call that
+    waits on another process (TCP, memcached), so it is shown for shared memory only."""
+    n, t0, c0 = 0, time.perf_counter(), time.thread_time()
     while True:
         for k in keys:
             f(k)
         n += len(keys)
         el = time.perf_counter() - t0
         if el >= seconds:
-            return el * 1e9 / n
+            return el * 1e9 / n, (time.thread_time() - c0) * 1e9 / n
 
 
 def reader(kind: str, target: str, table: str, version: int, nkeys: int, seconds: float, start: Any, q: Any) -> None:
@@ -183,69 +211,101 @@ def memory_section(out: Any, nkeys: int, quick: bool) -> None:
     out()
 
 
-def latency_sections(out: Any, nkeys: int, secs: float, procs: list[int], mc_port: int) -> None:
+def latency_sections(out: Any, nkeys: int, secs: float, procs: list[int], mc_port: int, sections: set[str]) -> None:
+    import struct
+
     from pymemcache.client.base import Client as Mc
 
     g = ramgrid.local(servers=1, memory="2GiB", threads=4)
     addr = g.addresses[0]
     mcc = Mc(("127.0.0.1", mc_port))
-    tables: dict[int, tuple[str, int]] = {}
-    for size in SIZES:
+    tables: dict[int | str, tuple[str, int]] = {}
+    for size in TABLES:
         name = f"v{size}"
-        t = g.create_table(name, partitions=16, value_type="bytes")
+        t = g.create_table(name, partitions=16, value_type="f64" if size == "f64" else "bytes")
         with t.new_version() as w:
             for lo in range(0, nkeys, 10_000):
                 ks = list(range(lo, min(nkeys, lo + 10_000)))
-                w.put_many(np.array(ks, dtype=np.int64), [value(k, size) for k in ks])
-                mcc.set_many({f"{name}:{k}": value(k, size) for k in ks}, noreply=False)
+                if isinstance(size, int):
+                    w.put_many(np.array(ks, dtype=np.int64), [value(k, size) for k in ks])
+                    mcc.set_many({f"{name}:{k}": value(k, size) for k in ks}, noreply=False)
+                else:
+                    w.put_many(np.array(ks, dtype=np.int64), np.array([f64_value(k) for k in ks]))
+                    mcc.set_many({f"{name}:{k}": struct.pack("<d", f64_value(k)) for k in ks}, noreply=False)
         tables[size] = (name, t.current_version())
-    out("## 1-key get latency from Python, by value size (mean ns per call)")
-    out()
-    out("| value | memcached (pymemcache) | ramgrid TCP | ramgrid shared memory | TCP / shm |")
-    out("|---:|---:|---:|---:|---:|")
     rng = np.random.default_rng(1)
     sample = rng.integers(0, nkeys, 2000).tolist()
-    for size in SIZES:
-        name, v = tables[size]
-        names = [f"{name}:{k}".encode() for k in sample]
-        m = per_call_ns(mcc.get, names, secs)
-        tcp = g.table(name).pin(v, shared_memory=False)
-        shm = g.table(name).pin(v, shared_memory=True)
-        r_tcp = per_call_ns(tcp.get, sample, secs)
-        r_shm = per_call_ns(shm.get, sample, secs)
-        out(f"| {size} B | {m:,.0f} | {r_tcp:,.0f} | {r_shm:,.0f} | {r_tcp / r_shm:.0f}x |")
-    out()
-    out("## 1,000-key batch from Python (ns per key)")
-    out()
-    out("| value | memcached get_many | ramgrid TCP | ramgrid shared memory |")
-    out("|---:|---:|---:|---:|")
     batch = np.asarray(rng.integers(0, nkeys, 1000), dtype=np.int64)
-    for size in SIZES:
-        name, v = tables[size]
-        names = [f"{name}:{k}" for k in batch.tolist()]
-        m = per_call_ns(mcc.get_many, [names], secs) / 1000
-        tcp = g.table(name).pin(v, shared_memory=False)
-        shm = g.table(name).pin(v, shared_memory=True)
-        r_tcp = per_call_ns(tcp.lookup, [batch], secs) / 1000
-        r_shm = per_call_ns(shm.lookup, [batch], secs) / 1000
-        out(f"| {size} B | {m:,.0f} | {r_tcp:,.1f} | {r_shm:,.1f} |")
-    out()
-    ex = REPO / "target/release/examples/shm_get"
-    if ex.exists():
-        out("## From Rust (`Client::get_into`, crates/ramgrid-client/examples/shm_get.rs)")
+    if "get1" in sections:
+        out("## 1-key get latency from Python, by value size (mean ns per call)")
         out()
-        out("| value | mode | 1-key get, ns | 1,000-key batch, ns per key |")
-        out("|---:|---|---:|---:|")
+        out("`PinnedTable.get(key)` over 2,000 random keys, cycled; memcached: pymemcache's `get`.")
+        out()
+        out(
+            "| value | memcached (pymemcache) | ramgrid TCP | ramgrid shared memory | shm, CPU time"
+            " | memcached / shm | TCP / shm |"
+        )
+        out("|---:|---:|---:|---:|---:|---:|---:|")
+        for size in TABLES:
+            name, v = tables[size]
+            names = [f"{name}:{k}".encode() for k in sample]
+            m = per_call_ns(mcc.get, names, secs)
+            tcp = g.table(name).pin(v, shared_memory=False)
+            shm = g.table(name).pin(v, shared_memory=True)
+            r_tcp = per_call_ns(tcp.get, sample, secs)
+            r_shm, c_shm = per_call_ns_cpu(shm.get, sample, secs)
+            out(
+                f"| {label(size)} | {m:,.0f} | {r_tcp:,.0f} | {r_shm:,.0f} | {c_shm:,.0f} | {m / r_shm:,.0f}x"
+                f" | {r_tcp / r_shm:,.0f}x |"
+            )
+        out()
+    if "batch" in sections:
+        out("## 1,000-key batch from Python (ns per key)")
+        out()
+        out(
+            "`PinnedTable.lookup(keys)` of an int64 numpy array (bytes tables: a list of bytes out; f64: a float64 array)."
+        )
+        out()
+        out("| value | memcached get_many | ramgrid TCP | ramgrid shared memory | shm, CPU time | TCP / shm |")
+        out("|---:|---:|---:|---:|---:|---:|")
+        for size in TABLES:
+            name, v = tables[size]
+            names = [f"{name}:{k}" for k in batch.tolist()]
+            m = per_call_ns(mcc.get_many, [names], secs) / 1000
+            tcp = g.table(name).pin(v, shared_memory=False)
+            shm = g.table(name).pin(v, shared_memory=True)
+            r_tcp = per_call_ns(tcp.lookup, [batch], secs) / 1000
+            r_shm, c_shm = (x / 1000 for x in per_call_ns_cpu(shm.lookup, [batch], secs))
+            out(f"| {label(size)} | {m:,.0f} | {r_tcp:,.1f} | {r_shm:,.1f} | {c_shm:,.1f} | {r_tcp / r_shm:,.1f}x |")
+        out()
+    ex = REPO / "target/release/examples/shm_get"
+    if "rust" in sections and ex.exists():
+        out("## From Rust (crates/ramgrid-client/examples/shm_get.rs)")
+        out()
+        out("tcp and shm: `Client::get_into` (shm: the version attached); reader: a `ShmReader` handle's `get_into`,")
+        out("and `get_wire` (the value borrowed from the mapping, as Python's `get` uses it). 1-key gets cycle over")
+        out("2,000 keys (as from Python), and over every key of the table in turn (each get then waits on memory).")
+        out("Each cell: wall ns (this thread's CPU time in ns).")
+        out()
+        out(
+            "| value | mode | 1-key get, ns | 1-key `get_wire`, ns | 1-key get, every key, ns | 1,000-key batch, ns per key |"
+        )
+        out("|---:|---|---:|---:|---:|---:|")
         import json
 
-        for size in SIZES:
+        for size in TABLES:
             name, v = tables[size]
             res = subprocess.run(
                 [str(ex), addr, name, str(v), str(nkeys), str(secs)], capture_output=True, text=True, check=True
             )
             for row in map(json.loads, res.stdout.splitlines()):
-                out(f"| {size} B | {row['mode']} | {row['get1_ns']:,.0f} | {row['batch1000_ns_per_key']:,.1f} |")
+                cells = [fig(row[f], 0) for f in ("get1_ns", "wire1_ns", "get1_all_ns")]
+                cells.append(fig(row["batch1000_ns_per_key"], 1))
+                out(f"| {label(size)} | {row['mode']} | " + " | ".join(cells) + " |")
         out()
+    if "readers" not in sections:
+        g.close()
+        return
     out("## Gets/s against reader processes (1-key gets, 4 B and 4 KB values)")
     out()
     out("| value | readers | memcached | ramgrid TCP | ramgrid shared memory |")
@@ -271,13 +331,20 @@ def main() -> None:
     ap.add_argument("--procs", default="1,2,4,8,16", help="reader process counts")
     ap.add_argument("--out", type=Path, help="write the results as markdown here")
     ap.add_argument(
-        "--sections", default="latency,memory", help="latency (latency, batches, Rust, gets/s) and/or memory"
+        "--sections",
+        default="latency,memory",
+        help="comma-separated: get1, batch, rust, readers (gets/s), memory; latency = get1,batch,rust,readers",
     )
     args = ap.parse_args()
     nkeys = args.keys or (10_000 if args.quick else 100_000)
     secs = args.seconds or (0.5 if args.quick else 2.0)
     procs = [int(x) for x in args.procs.split(",")]
     sections = set(args.sections.split(","))
+    if "latency" in sections:
+        sections |= set(LATENCY_SECTIONS)
+    unknown = sections - {"latency", "memory", *LATENCY_SECTIONS}
+    if unknown:
+        ap.error(f"unknown sections: {', '.join(sorted(unknown))}")
     mc_bin = shutil.which("memcached") or "/usr/bin/memcached"
     mc_port = free_port()
     mc_args = [mc_bin, "-p", str(mc_port), "-U", "0", "-l", "127.0.0.1", "-m", "2048", "-t", "4"]
@@ -315,8 +382,8 @@ def main() -> None:
         )
         out("one ramgrid server (4 threads) and one memcached (-t 4) on the same host; the same Python load generator.")
         out()
-        if "latency" in sections:
-            latency_sections(out, nkeys, secs, procs, mc_port)
+        if sections & set(LATENCY_SECTIONS):
+            latency_sections(out, nkeys, secs, procs, mc_port, sections)
         if "memory" in sections:
             memory_section(out, nkeys, args.quick)
     finally:
