@@ -559,7 +559,9 @@ class Table(_Operators, _Reader, _Scans, _Reduce):
         `shared_memory` (docs/shared-memory.md): the partitions that servers on this host hold are mapped read-only
         and read in place, with no request; the others go over TCP in the same call. None (default): where it
         applies (a sealed version, a server on this host), else TCP; False: never; True: raise RamgridError if
-        nothing could be mapped. Each process that unpickles the handle maps for itself."""
+        nothing could be mapped. Each process that unpickles the handle maps for itself. Where anything is mapped,
+        the handle's `get`, `[]`, `in`, `get_many` and `lookup` read through a native reader handle resolved at pin
+        time: a 1-key get returns a Python scalar made from the mapped bytes, with no request and no numpy array."""
         v = self.current_version() if version is None else int(version)
         if v <= 0:
             raise ValueError(f"versions are numbered from 1, got {v}")

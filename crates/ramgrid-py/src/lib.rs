@@ -153,17 +153,15 @@ pub(crate) fn values_to_py<'py>(
         Values::I64(v) => v.into_pyarray(py).into_any(),
         Values::F64(v) => v.into_pyarray(py).into_any(),
         Values::F32Vec { dim, data } => data.into_pyarray(py).reshape([n, dim])?.into_any(),
-        Values::Bytes(b) => {
-            let list = PyList::empty(py);
-            for (i, &hit) in found.iter().enumerate() {
-                if hit {
-                    list.append(PyBytes::new(py, b.get(i)))?;
-                } else {
-                    list.append(py.None())?;
-                }
-            }
-            list.into_any()
-        }
+        // Made at its length, not grown by appends.
+        Values::Bytes(b) => PyList::new(
+            py,
+            found
+                .iter()
+                .enumerate()
+                .map(|(i, &hit)| hit.then(|| PyBytes::new(py, b.get(i)))),
+        )?
+        .into_any(),
     };
     Ok((values, found.into_pyarray(py).into_any()))
 }
