@@ -7,6 +7,7 @@ all driven by the same Python load generator (one 1-key get per call), plus 1,00
     python3 benchmarks/shm_readers.py                       # full run
     python3 benchmarks/shm_readers.py --quick               # smoke run
     python3 benchmarks/shm_readers.py --out benchmarks/results/shm_readers.md
+    python3 benchmarks/shm_readers.py --sections get1,batch,rust   # latency rows only (no gets/s, no memory)
     python3 benchmarks/shm_readers.py --sections memory --figures benchmarks/results/shm_readers.json
     python3 benchmarks/shm_readers.py --plot-only benchmarks/results/shm_readers.json   # redraw, measure nothing
 
@@ -42,6 +43,26 @@ import ramgrid
 from ramgrid._pss import MEMFD_PREFIX, mapping_pss, read_pss, segment_pss
 
 SIZES = (4, 64, 512, 4096)
+# The tables: bytes values of each size, and one f64 table (8-byte numbers: a scalar from `get`, a float64 numpy
+# array from a batch); memcached holds the same 8 bytes for it.
+TABLES: tuple[int | str, ...] = (*SIZES, "f64")
+LATENCY_SECTIONS = ("get1", "batch", "rust", "readers")
+
+
+def cell(pair: list[float] | None, digits: int) -> str:
+    """A [wall, CPU] figure as "wall (CPU)"."""
+    if pair is None:
+        return ""
+    wall, cpu = pair
+    return f"{wall:,.{digits}f} ({cpu:,.{digits}f})"
+
+
+def label(size: int | str) -> str:
+    return f"{size} B" if isinstance(size, int) else f"{size} (8 B)"
+
+
+def f64_value(k: int) -> float:
+    return k * 0.5 + 0.25
 
 
 def free_port() -> int:
@@ -64,6 +85,20 @@ def per_call_ns(f: Any, keys: list[Any], seconds: float) -> float:
         el = time.perf_counter() - t0
         if el >= seconds:
             return el * 1e9 / n
+
+
+def per_call_ns_cpu(f: Any, keys: list[Any], seconds: float) -> tuple[float, float]:
+    """(wall, this thread's CPU time) in mean ns per call of f(key) over the keys, cycled, for about `seconds`. The
+    CPU time is what a call costs without the scheduler's share of a busy machine; it says nothing of a call that
+    waits on another process (TCP, memcached), so it is shown for shared memory only."""
+    n, t0, c0 = 0, time.perf_counter(), time.thread_time()
+    while True:
+        for k in keys:
+            f(k)
+        n += len(keys)
+        el = time.perf_counter() - t0
+        if el >= seconds:
+            return el * 1e9 / n, (time.thread_time() - c0) * 1e9 / n
 
 
 def reader(kind: str, target: str, table: str, version: int, nkeys: int, seconds: float, start: Any, q: Any) -> None:
@@ -230,77 +265,110 @@ def memory_section(out: Any, nkeys: int, quick: bool, fig: dict[str, Any]) -> No
     fig.update({"keys": mem_keys, "value_bytes": 4096, "rows": rows})
 
 
-def latency_sections(out: Any, nkeys: int, secs: float, procs: list[int], mc_port: int, fig: dict[str, Any]) -> None:
+def latency_sections(
+    out: Any, nkeys: int, secs: float, procs: list[int], mc_port: int, sections: set[str], fig: dict[str, Any]
+) -> None:
+    import struct
+
     from pymemcache.client.base import Client as Mc
 
     g = ramgrid.local(servers=1, memory="2GiB", threads=4)
     addr = g.addresses[0]
     mcc = Mc(("127.0.0.1", mc_port))
-    tables: dict[int, tuple[str, int]] = {}
-    lat: dict[str, list[float]] = fig.setdefault("latency_ns", {"memcached": [], "tcp": [], "shm": []})
-    bat: dict[str, list[float]] = fig.setdefault("batch_ns_per_key", {"memcached": [], "tcp": [], "shm": []})
-    fig["sizes"] = list(SIZES)
-    for size in SIZES:
+    tables: dict[int | str, tuple[str, int]] = {}
+    for size in TABLES:
         name = f"v{size}"
-        t = g.create_table(name, partitions=16, value_type="bytes")
+        t = g.create_table(name, partitions=16, value_type="f64" if size == "f64" else "bytes")
         with t.new_version() as w:
             for lo in range(0, nkeys, 10_000):
                 ks = list(range(lo, min(nkeys, lo + 10_000)))
-                w.put_many(np.array(ks, dtype=np.int64), [value(k, size) for k in ks])
-                mcc.set_many({f"{name}:{k}": value(k, size) for k in ks}, noreply=False)
+                if isinstance(size, int):
+                    w.put_many(np.array(ks, dtype=np.int64), [value(k, size) for k in ks])
+                    mcc.set_many({f"{name}:{k}": value(k, size) for k in ks}, noreply=False)
+                else:
+                    w.put_many(np.array(ks, dtype=np.int64), np.array([f64_value(k) for k in ks]))
+                    mcc.set_many({f"{name}:{k}": struct.pack("<d", f64_value(k)) for k in ks}, noreply=False)
         tables[size] = (name, t.current_version())
-    out("## 1-key get latency from Python, by value size (mean ns per call)")
-    out()
-    out("| value | memcached (pymemcache) | ramgrid TCP | ramgrid shared memory | TCP / shm |")
-    out("|---:|---:|---:|---:|---:|")
+    # The figures of each section this run measures replace that section's (`save_figures` keeps the others).
+    for key, section in (("get1", "get1"), ("batch", "batch"), ("rust", "rust"), ("gets_per_s", "readers")):
+        if section in sections:
+            fig[key] = []
     rng = np.random.default_rng(1)
     sample = rng.integers(0, nkeys, 2000).tolist()
-    for size in SIZES:
-        name, v = tables[size]
-        names = [f"{name}:{k}".encode() for k in sample]
-        m = per_call_ns(mcc.get, names, secs)
-        tcp = g.table(name).pin(v, shared_memory=False)
-        shm = g.table(name).pin(v, shared_memory=True)
-        r_tcp = per_call_ns(tcp.get, sample, secs)
-        r_shm = per_call_ns(shm.get, sample, secs)
-        out(f"| {size} B | {m:,.0f} | {r_tcp:,.0f} | {r_shm:,.0f} | {r_tcp / r_shm:.0f}x |")
-        for k, x in (("memcached", m), ("tcp", r_tcp), ("shm", r_shm)):
-            lat[k].append(x)
-    out()
-    out("## 1,000-key batch from Python (ns per key)")
-    out()
-    out("| value | memcached get_many | ramgrid TCP | ramgrid shared memory |")
-    out("|---:|---:|---:|---:|")
     batch = np.asarray(rng.integers(0, nkeys, 1000), dtype=np.int64)
-    for size in SIZES:
-        name, v = tables[size]
-        names = [f"{name}:{k}" for k in batch.tolist()]
-        m = per_call_ns(mcc.get_many, [names], secs) / 1000
-        tcp = g.table(name).pin(v, shared_memory=False)
-        shm = g.table(name).pin(v, shared_memory=True)
-        r_tcp = per_call_ns(tcp.lookup, [batch], secs) / 1000
-        r_shm = per_call_ns(shm.lookup, [batch], secs) / 1000
-        out(f"| {size} B | {m:,.0f} | {r_tcp:,.1f} | {r_shm:,.1f} |")
-        for k, x in (("memcached", m), ("tcp", r_tcp), ("shm", r_shm)):
-            bat[k].append(x)
-    out()
-    ex = REPO / "target/release/examples/shm_get"
-    if ex.exists():
-        out("## From Rust (`Client::get_into`, crates/ramgrid-client/examples/shm_get.rs)")
+    if "get1" in sections:
+        out("## 1-key get latency from Python, by value size (mean ns per call)")
         out()
-        out("| value | mode | 1-key get, ns | 1,000-key batch, ns per key |")
-        out("|---:|---|---:|---:|")
+        out("`PinnedTable.get(key)` over 2,000 random keys, cycled; memcached: pymemcache's `get`.")
+        out()
+        out(
+            "| value | memcached (pymemcache) | ramgrid TCP | ramgrid shared memory | shm, CPU time"
+            " | memcached / shm | TCP / shm |"
+        )
+        out("|---:|---:|---:|---:|---:|---:|---:|")
+        for size in TABLES:
+            name, v = tables[size]
+            names = [f"{name}:{k}".encode() for k in sample]
+            m = per_call_ns(mcc.get, names, secs)
+            tcp = g.table(name).pin(v, shared_memory=False)
+            shm = g.table(name).pin(v, shared_memory=True)
+            r_tcp = per_call_ns(tcp.get, sample, secs)
+            r_shm, c_shm = per_call_ns_cpu(shm.get, sample, secs)
+            out(
+                f"| {label(size)} | {m:,.0f} | {r_tcp:,.0f} | {r_shm:,.0f} | {c_shm:,.0f} | {m / r_shm:,.0f}x"
+                f" | {r_tcp / r_shm:,.0f}x |"
+            )
+            fig["get1"].append({"size": size, "memcached": m, "tcp": r_tcp, "shm": r_shm, "shm_cpu": c_shm})
+        out()
+    if "batch" in sections:
+        out("## 1,000-key batch from Python (ns per key)")
+        out()
+        out(
+            "`PinnedTable.lookup(keys)` of an int64 numpy array (bytes tables: a list of bytes out; f64: a float64 array)."
+        )
+        out()
+        out("| value | memcached get_many | ramgrid TCP | ramgrid shared memory | shm, CPU time | TCP / shm |")
+        out("|---:|---:|---:|---:|---:|---:|")
+        for size in TABLES:
+            name, v = tables[size]
+            names = [f"{name}:{k}" for k in batch.tolist()]
+            m = per_call_ns(mcc.get_many, [names], secs) / 1000
+            tcp = g.table(name).pin(v, shared_memory=False)
+            shm = g.table(name).pin(v, shared_memory=True)
+            r_tcp = per_call_ns(tcp.lookup, [batch], secs) / 1000
+            r_shm, c_shm = (x / 1000 for x in per_call_ns_cpu(shm.lookup, [batch], secs))
+            out(f"| {label(size)} | {m:,.0f} | {r_tcp:,.1f} | {r_shm:,.1f} | {c_shm:,.1f} | {r_tcp / r_shm:,.1f}x |")
+            fig["batch"].append({"size": size, "memcached": m, "tcp": r_tcp, "shm": r_shm, "shm_cpu": c_shm})
+        out()
+    ex = REPO / "target/release/examples/shm_get"
+    if "rust" in sections and ex.exists():
+        out("## From Rust (crates/ramgrid-client/examples/shm_get.rs)")
+        out()
+        out("tcp and shm: `Client::get_into` (shm: the version attached); reader: a `ShmReader` handle's `get_into`,")
+        out("and `get_wire` (the value borrowed from the mapping, as Python's `get` uses it). 1-key gets cycle over")
+        out("2,000 keys (as from Python), and over every key of the table in turn (each get then waits on memory).")
+        out("Each cell: wall ns (this thread's CPU time in ns).")
+        out()
+        out(
+            "| value | mode | 1-key get, ns | 1-key `get_wire`, ns | 1-key get, every key, ns | 1,000-key batch, ns per key |"
+        )
+        out("|---:|---|---:|---:|---:|---:|")
         import json
 
-        for size in SIZES:
+        for size in TABLES:
             name, v = tables[size]
             res = subprocess.run(
                 [str(ex), addr, name, str(v), str(nkeys), str(secs)], capture_output=True, text=True, check=True
             )
             for row in map(json.loads, res.stdout.splitlines()):
-                out(f"| {size} B | {row['mode']} | {row['get1_ns']:,.0f} | {row['batch1000_ns_per_key']:,.1f} |")
-                fig.setdefault("rust", []).append({"size": size, **row})
+                cells = [cell(row[f], 0) for f in ("get1_ns", "wire1_ns", "get1_all_ns")]
+                cells.append(cell(row["batch1000_ns_per_key"], 1))
+                out(f"| {label(size)} | {row['mode']} | " + " | ".join(cells) + " |")
+                fig["rust"].append({"size": size, **row})
         out()
+    if "readers" not in sections:
+        g.close()
+        return
     out("## Gets/s against reader processes (1-key gets, 4 B and 4 KB values)")
     out()
     out("| value | readers | memcached | ramgrid TCP | ramgrid shared memory |")
@@ -314,9 +382,7 @@ def latency_sections(out: Any, nkeys: int, secs: float, procs: list[int], mc_por
                 gets_per_second("shm", g.spec, name, v, nkeys, n, secs),
             ]
             out(f"| {size} B | {n} | " + " | ".join(f"{r:,.0f}" for r in row) + " |")
-            fig.setdefault("gets_per_s", []).append(
-                {"size": size, "readers": n, "memcached": row[0], "tcp": row[1], "shm": row[2]}
-            )
+            fig["gets_per_s"].append({"size": size, "readers": n, "memcached": row[0], "tcp": row[1], "shm": row[2]})
     out()
     g.close()
 
@@ -334,24 +400,31 @@ def plot_figures(figs: dict[str, Any], json_path: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     lat = figs.get("latency") or {}
-    if not lat.get("latency_ns"):
+    get1 = [r for r in lat.get("get1") or [] if isinstance(r["size"], int)]  # bytes values by size (not f64)
+    if not get1:
         return []
     where = f"{lat.get('machine', '')}; {lat.get('command', '')}".strip("; ")
     written = []
-    sizes = lat["sizes"]
+    sizes = sorted(r["size"] for r in get1)
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for k in ("memcached", "tcp", "shm"):
-        ax.plot(sizes, [x / 1e3 for x in lat["latency_ns"][k]], marker="o", color=COLORS[k], label=LABELS[k])
-    for k in ("tcp", "shm"):
-        pts = sorted((r["size"], r["get1_ns"]) for r in lat.get("rust", []) if r["mode"] == k)
+        pts = sorted((r["size"], r[k]) for r in get1)
+        ax.plot([a for a, _ in pts], [b / 1e3 for _, b in pts], marker="o", color=COLORS[k], label=LABELS[k])
+    for k, label_, style in (("tcp", "TCP", "--"), ("shm", "shared memory", "--"), ("reader", "reader handle", ":")):
+        # Rust rows: [wall, CPU] ns per call; the wall time is plotted.
+        pts = sorted(
+            (r["size"], r["get1_ns"][0] if isinstance(r["get1_ns"], list) else r["get1_ns"])
+            for r in lat.get("rust") or []
+            if r["mode"] == k and isinstance(r["size"], int)
+        )
         if pts:
             ax.plot(
                 [a for a, _ in pts],
                 [b / 1e3 for _, b in pts],
                 marker="s",
-                linestyle="--",
-                color=COLORS[k],
-                label=f"{LABELS[k]}, from Rust",
+                linestyle=style,
+                color=COLORS["shm" if k == "reader" else k],
+                label=f"ramgrid {label_}, from Rust",
             )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -412,7 +485,8 @@ def save_figures(figs: dict[str, Any], json_path: Path) -> None:
     import json
 
     old = json.loads(json_path.read_text()) if json_path.exists() else {}
-    old.update(figs)
+    for section, figures in figs.items():
+        old[section] = {**old.get(section, {}), **figures}
     json_path.write_text(json.dumps(old, indent=1) + "\n")
 
 
@@ -424,7 +498,9 @@ def main() -> None:
     ap.add_argument("--procs", default="1,2,4,8,16", help="reader process counts")
     ap.add_argument("--out", type=Path, help="write the results as markdown here")
     ap.add_argument(
-        "--sections", default="latency,memory", help="latency (latency, batches, Rust, gets/s) and/or memory"
+        "--sections",
+        default="latency,memory",
+        help="comma-separated: get1, batch, rust, readers (gets/s), memory; latency = get1,batch,rust,readers",
     )
     ap.add_argument(
         "--figures",
@@ -449,6 +525,11 @@ def main() -> None:
     secs = args.seconds or (0.5 if args.quick else 2.0)
     procs = [int(x) for x in args.procs.split(",")]
     sections = set(args.sections.split(","))
+    if "latency" in sections:
+        sections |= set(LATENCY_SECTIONS)
+    unknown = sections - {"latency", "memory", *LATENCY_SECTIONS}
+    if unknown:
+        ap.error(f"unknown sections: {', '.join(sorted(unknown))}")
     mc_bin = shutil.which("memcached") or "/usr/bin/memcached"
     mc_port = free_port()
     mc_args = [mc_bin, "-p", str(mc_port), "-U", "0", "-l", "127.0.0.1", "-m", "2048", "-t", "4"]
@@ -493,12 +574,12 @@ def main() -> None:
             "cpus": os.cpu_count(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         }
-        if "latency" in sections:
+        if sections & set(LATENCY_SECTIONS):
             figs["latency"] = {**run, "keys": nkeys, "seconds": secs}
         if "memory" in sections:
             figs["memory"] = dict(run)
-        if "latency" in sections:
-            latency_sections(out, nkeys, secs, procs, mc_port, figs.setdefault("latency", {}))
+        if sections & set(LATENCY_SECTIONS):
+            latency_sections(out, nkeys, secs, procs, mc_port, sections, figs["latency"])
         if "memory" in sections:
             memory_section(out, nkeys, args.quick, figs.setdefault("memory", {}))
     finally:

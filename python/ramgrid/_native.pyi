@@ -106,6 +106,27 @@ class Client:
         "copied_partitions", "copied_bytes", ...}."""
     def close(self) -> None: ...
 
+@final
+class ShmReader:
+    """A pinned version's shared-memory reader handle (docs/shared-memory.md, "The fast path"): reads the mapped
+    partitions in place, with no lock or lookup by name per call. Every method returns the `elsewhere` marker given
+    to `shm_reader` when it cannot answer (the version detached, a forked child, the table created again, a key of a
+    partition not mapped); the caller then reads through `Client.get_many`. It never goes to the network itself."""
+
+    @property
+    def version(self) -> int: ...
+    def get(self, key: str | bytes | int, default: Any) -> Any:
+        """One key's value (int, float, bytes, or a float32 vector of shape (dim,)), `default` if missing."""
+    def contains(self, key: str | bytes | int) -> Any:
+        """Whether the key is present (a bool)."""
+    def get_many(self, keys: KeysLike) -> Any:
+        """(values, found) as `Client.get_many` returns them, int64 array keys read in place; the GIL is released
+        only for batches of 8192 keys or more."""
+
+def shm_reader(client: Client, table: str, version: int, incarnation: int, elsewhere: Any) -> ShmReader | None:
+    """The reader handle of a version `client` has attached (`Client.shm_attach`) with some partition mapped, else
+    None. It does not count as an attach: once the last attach is undone, its calls return `elsewhere`."""
+
 def run_server(args: list[str]) -> None:
     """Runs a ramgrid server in this process with ramgrid-server's flags (e.g. ["--listen", "127.0.0.1:0"]);
     prints its 'ramgrid-server listening on ADDR' line and blocks until SIGTERM/SIGINT."""

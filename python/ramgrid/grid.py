@@ -56,6 +56,16 @@ class _Raise:
 RAISE: Any = _Raise()
 
 
+class _Elsewhere:
+    """Sentinel: a shared-memory reader handle could not answer; read through the client."""
+
+    def __repr__(self) -> str:
+        return "<elsewhere>"
+
+
+_ELSEWHERE: Any = _Elsewhere()
+
+
 def native() -> Any:
     """Returns the `ramgrid._native` module, or raises ImportError saying how to build it."""
     try:
@@ -549,7 +559,9 @@ class Table(_Operators, _Reader, _Scans, _Reduce):
         `shared_memory` (docs/shared-memory.md): the partitions that servers on this host hold are mapped read-only
         and read in place, with no request; the others go over TCP in the same call. None (default): where it
         applies (a sealed version, a server on this host), else TCP; False: never; True: raise RamgridError if
-        nothing could be mapped. Each process that unpickles the handle maps for itself."""
+        nothing could be mapped. Each process that unpickles the handle maps for itself. Where anything is mapped,
+        the handle's `get`, `[]`, `in`, `get_many` and `lookup` read through a native reader handle resolved at pin
+        time: a 1-key get returns a Python scalar made from the mapped bytes, with no request and no numpy array."""
         v = self.current_version() if version is None else int(version)
         if v <= 0:
             raise ValueError(f"versions are numbered from 1, got {v}")
@@ -594,6 +606,12 @@ class PinnedTable(_Operators, _Reader, _Scans, _Reduce):
         # What this process mapped (None: not asked); the client counts attaches, __del__ undoes this one.
         self._shm: dict[str, Any] | None = None
         self._attached = False
+        # The native reader handle's bound methods (docs/shared-memory.md, "The fast path"), bound once so that a
+        # read costs no attribute lookups: None where nothing is mapped. They return _ELSEWHERE when the handle
+        # cannot answer (detached, a forked child, the table created again, a key of an unmapped partition).
+        self._shm_get: Any = None
+        self._shm_contains: Any = None
+        self._shm_get_many: Any = None
         if shared_memory is not False:
             self._attach(required=shared_memory is True)
 
@@ -610,6 +628,9 @@ class PinnedTable(_Operators, _Reader, _Scans, _Reduce):
             why = "; ".join(f"{s or 'client'}: {w}" for s, w in info["skipped"]) or "no server on this host"
             raise RamgridError(f"shared memory unavailable for {self.name!r} version {self.version}: {why}")
         if self._attached:
+            reader = native().shm_reader(self._client(), self.name, self.version, self.incarnation, _ELSEWHERE)
+            if reader is not None:
+                self._shm_get, self._shm_contains, self._shm_get_many = reader.get, reader.contains, reader.get_many
             log.debug(
                 "mapped %d partitions (%d bytes) of %s version %d",
                 len(info["mapped"]),
@@ -618,7 +639,65 @@ class PinnedTable(_Operators, _Reader, _Scans, _Reduce):
                 self.version,
             )
 
+    def get(self, key: Any, default: Any = RAISE) -> Any:
+        """One key's value (a Python float/int, bytes, or a float32 vector); KeyError if missing and no default.
+        Where this process maps the key's partition, read in place: no request, no numpy array."""
+        shm_get = self._shm_get
+        if shm_get is not None:
+            v = shm_get(key, default)
+            if v is RAISE:
+                raise KeysNotFound(f"key {key!r} not found in table {self.name!r}", [0], 1)
+            if v is not _ELSEWHERE:
+                return v
+        return super().get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        shm_get = self._shm_get
+        if shm_get is not None:
+            v = shm_get(key, RAISE)
+            if v is not RAISE and v is not _ELSEWHERE:
+                return v
+        return self.get(key)
+
+    def __contains__(self, key: Any) -> bool:
+        shm_contains = self._shm_contains
+        if shm_contains is not None:
+            v = shm_contains(key)
+            if v is not _ELSEWHERE:
+                return bool(v)
+        return super().__contains__(key)
+
+    def lookup(self, keys: Any) -> tuple[Any, np.ndarray]:
+        """Returns `(values, found)`: values as `get_many` would, with zeros (numeric) or None (bytes) where
+        `found` is False. Never raises for a missing key."""
+        return self._read(convert_keys(keys))
+
+    def get_many(self, keys: Any, default: Any = RAISE) -> Any:
+        """Looks up a batch of keys (list, numpy array or pyarrow array): mapped partitions are read in place (an int64
+        array's keys without a copy, only the output allocated), the others in one round trip per server.
+
+        Returns a float64 / int64 numpy array for numeric tables, a float32 array of shape (n, dim) for vector
+        tables, a list of bytes for bytes tables. A missing key raises KeysNotFound (a KeyError) unless `default`
+        is given, which then fills the missing slots (e.g. `default=np.nan`).
+        """
+        k = convert_keys(keys)
+        values, found = self._read(k)
+        return self._finish_get(k, values, found, default)
+
+    def _read(self, k: NativeKeys) -> tuple[Any, np.ndarray]:
+        """The native `(values, found)` of converted keys: from the reader handle if it can answer them all."""
+        shm_get_many = self._shm_get_many
+        if shm_get_many is not None:
+            got = shm_get_many(k)
+            if got is not _ELSEWHERE:
+                return cast("tuple[Any, np.ndarray]", got)
+        result: tuple[Any, np.ndarray] = self._client().get_many(
+            self.name, k, self._read_version, self._read_incarnation, self._read_shm
+        )
+        return result
+
     def __del__(self) -> None:
+        self._shm_get = self._shm_contains = self._shm_get_many = None
         if getattr(self, "_attached", False):
             self._attached = False
             c = _existing_client(self._grid.config)

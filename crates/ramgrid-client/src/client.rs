@@ -132,7 +132,7 @@ pub(crate) struct Inner {
     pub(crate) spec_retries: u32,
     pub(crate) topo: RwLock<Arc<Topology>>,
     pub(crate) pools: Mutex<HashMap<String, Arc<Pool>>>,
-    pub(crate) tables: RwLock<HashMap<String, TableMeta>>,
+    pub(crate) tables: TableCache,
     pub(crate) near: Option<NearCache>,
     /// (table, version) -> None when known sealed, Some(when) when seen unsealed.
     pub(crate) sealed: Mutex<HashMap<(String, u32), Option<Instant>>>,
@@ -140,6 +140,61 @@ pub(crate) struct Inner {
     pub(crate) max_body: AtomicU64,
     /// Sealed versions mapped from servers on this host (shm.rs).
     pub(crate) shm: crate::shm::Registry,
+}
+
+/// What the client knows of each table, and a generation that every change of it bumps: a
+/// shared-memory reader (shm_reader.rs) checks its table's incarnation only when the generation
+/// moved, with one atomic load per read instead of a lock and a lookup by name.
+#[derive(Default)]
+pub(crate) struct TableCache {
+    map: RwLock<HashMap<String, TableMeta>>,
+    generation: AtomicU64,
+}
+
+impl TableCache {
+    pub(crate) fn read(&self) -> parking_lot::RwLockReadGuard<'_, HashMap<String, TableMeta>> {
+        self.map.read()
+    }
+
+    /// The map to change; the generation moves when the guard is dropped (before the lock is
+    /// released, so a reader that sees the old generation saw the old map or the new one).
+    pub(crate) fn write(&self) -> TableCacheWrite<'_> {
+        TableCacheWrite {
+            map: self.map.write(),
+            generation: &self.generation,
+        }
+    }
+
+    /// Moves on every change of the map.
+    #[inline]
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+}
+
+/// A write guard of [`TableCache`] that moves its generation when dropped.
+pub(crate) struct TableCacheWrite<'a> {
+    map: parking_lot::RwLockWriteGuard<'a, HashMap<String, TableMeta>>,
+    generation: &'a AtomicU64,
+}
+
+impl std::ops::Deref for TableCacheWrite<'_> {
+    type Target = HashMap<String, TableMeta>;
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
+
+impl std::ops::DerefMut for TableCacheWrite<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.map
+    }
+}
+
+impl Drop for TableCacheWrite<'_> {
+    fn drop(&mut self) {
+        self.generation.fetch_add(1, Ordering::Release);
+    }
 }
 
 impl Drop for Inner {
@@ -278,7 +333,7 @@ impl Client {
                 maps: Mutex::new(HashMap::new()),
             })),
             pools: Mutex::new(HashMap::new()),
-            tables: RwLock::new(HashMap::new()),
+            tables: TableCache::default(),
             near: (config.near_cache_bytes > 0).then(|| NearCache::new(config.near_cache_bytes)),
             sealed: Mutex::new(HashMap::new()),
             max_body: AtomicU64::new(0),

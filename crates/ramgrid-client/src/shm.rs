@@ -8,18 +8,21 @@
 //! is not sealed or whose checksums do not match, a version of another incarnation) leaves that
 //! server's partitions to TCP and is reported in [`ShmInfo::skipped`]. Once mapped, a segment
 //! stays readable until it is detached, whatever the server does: the mapping holds the pages.
+//!
+//! [`Client::get_into`] finds the mapped version by name on every call; a [`crate::ShmReader`]
+//! (shm_reader.rs) resolves it once and reads with no lock and no lookup by name.
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use ramgrid_proto::cluster::partition_of;
-use ramgrid_proto::native::ValueType;
+use ramgrid_proto::native::{ValueType, MAX_KEY_LEN};
 use ramgrid_proto::shm::{body_len, Reply, Request, FDS_PER_MESSAGE};
 use ramgrid_store::image_view::{self, ImageView};
 
@@ -104,7 +107,122 @@ impl Drop for Mapping {
 pub(crate) struct Attached {
     partitions: u32,
     views: Vec<Option<ImageView<Mapping>>>,
+    /// Every partition is mapped: a batch needs no pass to find out whether it can be answered.
+    all_mapped: bool,
+    pub(crate) value_type: ValueType,
+    /// Cleared when the last attach is undone. A reader handle still holding the set (and so the
+    /// mappings) reads over TCP from then on, as `Client::get_into` does.
+    pub(crate) live: AtomicBool,
     info: ShmInfo,
+}
+
+impl Attached {
+    /// One key's value in wire form from its mapping: `Some(None)` if missing (or longer than
+    /// the wire allows), `None` if its partition is not mapped.
+    #[inline]
+    pub(crate) fn get_one(&self, key: &[u8]) -> Option<Option<&[u8]>> {
+        if key.len() > MAX_KEY_LEN {
+            return Some(None);
+        }
+        let view = self.views[partition_of(key, self.partitions) as usize].as_ref()?;
+        Some(view.get(key))
+    }
+
+    /// Answer every key of `keys` from the mappings if every key's partition is mapped: writes
+    /// `out` and `found` and returns the keys found; `None`, with nothing written, if some key's
+    /// partition is not mapped. The caller has validated the keys and checked `out` and `found`
+    /// (one entry per key, `out` of this set's value type). A key longer than the wire allows is
+    /// missing, as the general path makes it.
+    pub(crate) fn read_whole(
+        &self,
+        keys: Keys<'_>,
+        out: &mut ValuesMut<'_>,
+        found: &mut [bool],
+    ) -> Option<u64> {
+        let n = keys.len();
+        let view = |k: &[u8]| self.views[partition_of(k, self.partitions) as usize].as_ref();
+        if n == 1 {
+            // One key: no pipeline to set up, nothing to overlap.
+            let got = self.get_one(&keys.key(0))?;
+            found[0] = got.is_some();
+            if let Some(w) = got {
+                out.set(0, w);
+            }
+            return Some(u64::from(found[0]));
+        }
+        let (mut hits, mut at) = (0u64, 0usize);
+        let mut emit = |wire: Option<&[u8]>| {
+            found[at] = wire.is_some();
+            if let Some(w) = wire {
+                out.set(at, w);
+                hits += 1;
+            }
+            at += 1;
+        };
+        if self.all_mapped {
+            // Every partition is here: each key's view is found as the pipeline reaches it.
+            image_view::lookup(
+                (0..n).map(|i| {
+                    let k = keys.key(i);
+                    (view(&k).expect("every partition is mapped"), k)
+                }),
+                MAX_KEY_LEN,
+                &mut emit,
+            );
+            return Some(hits);
+        }
+        // Some partitions are not mapped: find every key's view first, so that a key of an
+        // unmapped partition leaves the whole batch to the general path before anything is
+        // written. Small batches use a stack array, larger ones a vector.
+        let mut small: [Option<&ImageView<Mapping>>; 8] = [None; 8];
+        let mut large = Vec::new();
+        let views: &[Option<&ImageView<Mapping>>] = if n <= small.len() {
+            for (i, s) in small.iter_mut().enumerate().take(n) {
+                *s = Some(view(&keys.key(i))?);
+            }
+            &small[..n]
+        } else {
+            large.reserve(n);
+            for i in 0..n {
+                large.push(Some(view(&keys.key(i))?));
+            }
+            &large
+        };
+        image_view::lookup(
+            (0..n).map(|i| (views[i].expect("every key has its view"), keys.key(i))),
+            MAX_KEY_LEN,
+            &mut emit,
+        );
+        Some(hits)
+    }
+}
+
+/// Keys answered from shared memory: the client's own, and one set per reader handle (summed by
+/// [`Client::shm_stats`]), so that readers on different threads do not share a cache line.
+#[derive(Default)]
+pub(crate) struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+impl Counters {
+    /// Count `looked` keys answered locally, `hits` of them found.
+    #[inline]
+    pub(crate) fn add(&self, hits: u64, looked: u64) {
+        if hits > 0 {
+            self.hits.fetch_add(hits, Ordering::Relaxed);
+        }
+        if looked > hits {
+            self.misses.fetch_add(looked - hits, Ordering::Relaxed);
+        }
+    }
+
+    fn take_from(&self, other: &Counters) {
+        self.add(
+            other.hits.load(Ordering::Relaxed),
+            other.hits.load(Ordering::Relaxed) + other.misses.load(Ordering::Relaxed),
+        );
+    }
 }
 
 /// What attaching a version mapped, for `PinnedTable.describe()`.
@@ -125,7 +243,8 @@ pub struct ShmInfo {
 pub struct ShmStats {
     /// Keys found in a mapped partition.
     pub hits: u64,
-    /// Keys looked up in a mapped partition and absent (answered locally too).
+    /// Keys looked up in a mapped partition and absent, or too long to be stored (answered
+    /// locally too).
     pub misses: u64,
     /// Keys of pinned, attached versions that went over TCP (their partition is not mapped).
     pub remote: u64,
@@ -143,6 +262,12 @@ type ByTable = HashMap<String, Vec<(u64, u32, Arc<Attached>)>>;
 thread_local! {
     /// Set by [`tcp_only`]: reads on this thread skip shared memory.
     static TCP_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread is inside [`tcp_only`].
+#[inline]
+pub(crate) fn tcp_only_here() -> bool {
+    TCP_ONLY.with(|c| c.get())
 }
 
 /// Run `f` with reads on this thread going over TCP even for attached versions: a handle that
@@ -167,13 +292,15 @@ pub(crate) struct Registry {
     /// The same sets by table name, then (incarnation, version): what reads look up, by `&str`
     /// without allocating. Changed with `sets`, under its write lock.
     by_table: RwLock<ByTable>,
-    hits: AtomicU64,
-    misses: AtomicU64,
+    counters: Counters,
     remote: AtomicU64,
+    /// The counters of reader handles. A set no handle holds any more is folded into
+    /// `counters` and let go.
+    handles: Mutex<Vec<Arc<Counters>>>,
 }
 
 impl Registry {
-    fn get(&self, table: &str, incarnation: u64, version: u32) -> Option<Arc<Attached>> {
+    pub(crate) fn get(&self, table: &str, incarnation: u64, version: u32) -> Option<Arc<Attached>> {
         let by = self.by_table.read();
         by.get(table)?
             .iter()
@@ -188,6 +315,27 @@ impl Registry {
             by.entry(t.clone()).or_default().push((*i, *v, a.clone()));
         }
         *self.by_table.write() = by;
+    }
+
+    /// Counters for a new reader handle, summed with the others by `shm_stats`.
+    pub(crate) fn new_counters(&self) -> Arc<Counters> {
+        let c = Arc::new(Counters::default());
+        let mut handles = self.handles.lock();
+        self.fold(&mut handles);
+        handles.push(c.clone());
+        c
+    }
+
+    /// Fold the counters of handles that are gone into the client's own.
+    fn fold(&self, handles: &mut Vec<Arc<Counters>>) {
+        handles.retain(|c| {
+            // Only this list holds it: no handle can count into it any more.
+            let gone = Arc::strong_count(c) == 1;
+            if gone {
+                self.counters.take_from(c);
+            }
+            !gone
+        });
     }
 }
 
@@ -264,7 +412,10 @@ impl Client {
         if !info.mapped.is_empty() {
             let attached = Arc::new(Attached {
                 partitions,
+                all_mapped: views.iter().all(Option::is_some),
                 views,
+                value_type: meta.value_type,
+                live: AtomicBool::new(true),
                 info: info.clone(),
             });
             // Two threads attaching at once both mapped: one set is kept, counted twice.
@@ -293,8 +444,11 @@ impl Client {
         };
         *refs -= 1;
         if *refs == 0 {
-            // A read in flight keeps its Arc, and so the mappings, until it returns.
-            sets.remove(&key);
+            // A read in flight keeps its Arc, and so the mappings, until it returns; so does a
+            // reader handle, which reads over TCP from now on.
+            if let Some((a, _)) = sets.remove(&key) {
+                a.live.store(false, Ordering::Release);
+            }
             self.inner.shm.index(&sets);
         }
         true
@@ -310,10 +464,21 @@ impl Client {
     /// Counters of reads answered from shared memory.
     pub fn shm_stats(&self) -> ShmStats {
         let r = &self.inner.shm;
+        let (mut hits, mut misses) = (0, 0);
+        {
+            let mut handles = r.handles.lock();
+            r.fold(&mut handles);
+            for c in handles.iter() {
+                hits += c.hits.load(Ordering::Relaxed);
+                misses += c.misses.load(Ordering::Relaxed);
+            }
+        }
+        hits += r.counters.hits.load(Ordering::Relaxed);
+        misses += r.counters.misses.load(Ordering::Relaxed);
         let sets = r.sets.read();
         ShmStats {
-            hits: r.hits.load(Ordering::Relaxed),
-            misses: r.misses.load(Ordering::Relaxed),
+            hits,
+            misses,
             remote: r.remote.load(Ordering::Relaxed),
             attached: sets.len() as u64,
             mapped_bytes: sets.values().map(|(a, _)| a.info.bytes).sum(),
@@ -333,7 +498,7 @@ impl Client {
         out: &mut ValuesMut<'_>,
         found: &mut [bool],
     ) -> Option<u32> {
-        if version == 0 || TCP_ONLY.with(|c| c.get()) || keys.validate().is_err() {
+        if version == 0 || tcp_only_here() || keys.validate().is_err() {
             return None;
         }
         let meta = *self.inner.tables.read().get(table)?;
@@ -345,47 +510,8 @@ impl Client {
         if out.len() != n || found.len() != n || !out.fits(meta.value_type) {
             return None;
         }
-        // Small batches (the 1-key get) look their views up into a stack array; larger ones into
-        // a vector.
-        let view = |i: usize| {
-            let k = keys.key(i);
-            if k.len() > ramgrid_proto::native::MAX_KEY_LEN {
-                return None;
-            }
-            a.views[partition_of(&k, a.partitions) as usize].as_ref()
-        };
-        let mut small: [Option<&ImageView<Mapping>>; 8] = [None; 8];
-        let mut large = Vec::new();
-        let views: &[Option<&ImageView<Mapping>>] = if n <= small.len() {
-            for (i, s) in small.iter_mut().enumerate().take(n) {
-                *s = Some(view(i)?);
-            }
-            &small[..n]
-        } else {
-            large.reserve(n);
-            for i in 0..n {
-                large.push(Some(view(i)?));
-            }
-            &large
-        };
-        found.fill(false);
-        let (mut hits, mut at) = (0u64, 0usize);
-        image_view::lookup(
-            (0..n).map(|i| (views[i].expect("every key has its view"), keys.key(i))),
-            |wire| {
-                if let Some(w) = wire {
-                    out.set(at, w);
-                    found[at] = true;
-                    hits += 1;
-                }
-                at += 1;
-            },
-        );
-        let r = &self.inner.shm;
-        r.hits.fetch_add(hits, Ordering::Relaxed);
-        if hits < n as u64 {
-            r.misses.fetch_add(n as u64 - hits, Ordering::Relaxed);
-        }
+        let hits = a.read_whole(keys, out, found)?;
+        self.inner.shm.counters.add(hits, n as u64);
         Some(version)
     }
 
@@ -403,7 +529,7 @@ impl Client {
         out: &mut ValuesMut<'_>,
         found: &mut [bool],
     ) -> Vec<u32> {
-        if TCP_ONLY.with(|c| c.get()) {
+        if tcp_only_here() {
             return pending;
         }
         let Some(a) = self.inner.shm.get(table, incarnation, version) else {
@@ -421,6 +547,7 @@ impl Client {
         let (mut hits, mut at) = (0u64, 0usize);
         image_view::lookup(
             local.iter().map(|&(i, v)| (v, keys.key(i as usize))),
+            MAX_KEY_LEN,
             |wire| {
                 let i = local[at].0 as usize;
                 at += 1;
@@ -432,9 +559,7 @@ impl Client {
             },
         );
         let r = &self.inner.shm;
-        r.hits.fetch_add(hits, Ordering::Relaxed);
-        r.misses
-            .fetch_add(local.len() as u64 - hits, Ordering::Relaxed);
+        r.counters.add(hits, local.len() as u64);
         if !remote.is_empty() {
             r.remote.fetch_add(remote.len() as u64, Ordering::Relaxed);
         }

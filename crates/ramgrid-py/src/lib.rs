@@ -7,6 +7,7 @@ mod errors;
 mod ops;
 mod reduce;
 mod scan;
+mod shm;
 
 use std::time::Duration;
 
@@ -140,6 +141,31 @@ impl<'py> KeyHolder<'py> {
     }
 }
 
+/// A read's (values, found) as `get_many` returns them: the vectors handed to numpy without a
+/// copy (float64/int64, float32 of shape (n, dim)), or a list of bytes / None for bytes tables.
+pub(crate) fn values_to_py<'py>(
+    py: Python<'py>,
+    values: Values,
+    found: Vec<bool>,
+    n: usize,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let values = match values {
+        Values::I64(v) => v.into_pyarray(py).into_any(),
+        Values::F64(v) => v.into_pyarray(py).into_any(),
+        Values::F32Vec { dim, data } => data.into_pyarray(py).reshape([n, dim])?.into_any(),
+        // Made at its length, not grown by appends.
+        Values::Bytes(b) => PyList::new(
+            py,
+            found
+                .iter()
+                .enumerate()
+                .map(|(i, &hit)| hit.then(|| PyBytes::new(py, b.get(i)))),
+        )?
+        .into_any(),
+    };
+    Ok((values, found.into_pyarray(py).into_any()))
+}
+
 /// Python's signal check, for a chunked call to run between chunks: with the GIL released for
 /// the call, it takes the GIL back only for the check (Ctrl-C raises KeyboardInterrupt here).
 pub(crate) fn check_signals() -> PyResult<()> {
@@ -198,7 +224,7 @@ fn move_report_dict<'py>(py: Python<'py>, r: &MoveReport) -> PyResult<Bound<'py,
 /// A cluster client (see `ramgrid_client::Client`). Thread-safe; pickled by the Python layer as its
 /// configuration, never as sockets.
 #[pyclass(module = "ramgrid._native", frozen)]
-struct Client {
+pub(crate) struct Client {
     inner: RustClient,
 }
 
@@ -400,24 +426,7 @@ impl Client {
                 }
             })
             .map_err(|e| chunked_to_py(py, e))?;
-        let (values, found) = (got.values, got.found);
-        let values = match values {
-            Values::I64(v) => v.into_pyarray(py).into_any(),
-            Values::F64(v) => v.into_pyarray(py).into_any(),
-            Values::F32Vec { dim, data } => data.into_pyarray(py).reshape([n, dim])?.into_any(),
-            Values::Bytes(b) => {
-                let list = PyList::empty(py);
-                for (i, &hit) in found.iter().enumerate() {
-                    if hit {
-                        list.append(PyBytes::new(py, b.get(i)))?;
-                    } else {
-                        list.append(py.None())?;
-                    }
-                }
-                list.into_any()
-            }
-        };
-        Ok((values, found.into_pyarray(py).into_any()))
+        values_to_py(py, got.values, got.found, n)
     }
 
     /// Maps the partitions of a pinned version held by servers on this host (shared memory);
@@ -794,6 +803,8 @@ fn partition_of(key: &Bound<'_, PyAny>, partitions: u32) -> PyResult<u32> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
+    m.add_class::<shm::ShmReader>()?;
+    m.add_function(wrap_pyfunction!(shm::shm_reader, m)?)?;
     m.add_function(wrap_pyfunction!(run_server, m)?)?;
     m.add_function(wrap_pyfunction!(partition_of, m)?)?;
     m.add_function(wrap_pyfunction!(ops::run_op, m)?)?;

@@ -279,3 +279,193 @@ fn shared_copies_are_charged_to_the_table_budget_and_what_does_not_fit_is_read_o
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A reader handle's answers: a batch through `get_into` and every key through `get_wire`.
+fn through_reader(r: &ramgrid_client::ShmReader, vt: ValueType, keys: Keys<'_>) -> GetResult {
+    let n = keys.len();
+    let mut values = Values::zeroed(vt, n);
+    let mut found = vec![false; n];
+    let version = r
+        .get_into(keys, &mut values.slice_mut(0..n), &mut found)
+        .unwrap();
+    let got = GetResult {
+        values,
+        found,
+        version,
+    };
+    // One key at a time, borrowed from the mapping: the same answers.
+    let (rows, _) = rows(&got);
+    for (i, row) in rows.iter().enumerate() {
+        let one = r.get_wire(&keys.key(i)).expect("the handle answers");
+        assert_eq!(one.map(<[u8]>::to_vec), *row, "{vt:?}: key {i}");
+    }
+    got
+}
+
+#[test]
+fn a_reader_handle_answers_as_tcp_for_every_value_type_and_missing_keys() {
+    let a = server(&[]);
+    let tcp = client(&[&a], None);
+    let local = client(&[&a], None);
+    for (i, vt) in [
+        ValueType::Bytes,
+        ValueType::I64,
+        ValueType::F64,
+        ValueType::F32Vec(3),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let t = format!("r{i}");
+        let v = fill(&tcp, &t, vt, 16, 1);
+        assert!(local.shm_reader(&t, 0, v).is_none(), "not attached yet");
+        local.shm_attach(&t, 0, v).unwrap();
+        let r = local.shm_reader(&t, 0, v).expect("attached");
+        assert_eq!((r.table(), r.version(), r.value_type()), (&t[..], v, vt));
+        let before = local.shm_stats();
+        // Integer keys (present and missing), batches of 1 (no pipeline), 5 and many.
+        let keys = all_keys();
+        for batch in [&keys[..1], &keys[3..8], &keys[..]] {
+            let want = tcp.get(&t, Keys::I64(batch), v).unwrap();
+            assert!(
+                same(&through_reader(&r, vt, Keys::I64(batch)), &want),
+                "{vt:?}"
+            );
+        }
+        // Byte keys, one longer than the wire allows: missing, as over TCP.
+        let long = vec![b'k'; ramgrid_proto::native::MAX_KEY_LEN + 1];
+        let slices: Vec<&[u8]> = vec![
+            &b"x\0\0\0\0\0\0\0"[..],
+            b"nope",
+            &long,
+            &[1, 0, 0, 0, 0, 0, 0, 0],
+        ];
+        let want = tcp.get(&t, Keys::Slices(&slices), v).unwrap();
+        let got = through_reader(&r, vt, Keys::Slices(&slices));
+        assert!(same(&got, &want), "{vt:?}");
+        assert_eq!(got.found, [false, false, false, true]);
+        // The handle's counters show in the client's: each key counted once per lookup.
+        let after = local.shm_stats();
+        let looked = (1 + 5 + keys.len() + slices.len()) as u64 * 2;
+        assert_eq!(
+            (after.hits + after.misses) - (before.hits + before.misses),
+            looked
+        );
+        assert_eq!(after.remote, before.remote);
+        // An output of another type, or of the wrong length, is the general path's error.
+        let other = if vt == ValueType::I64 {
+            ValueType::F64
+        } else {
+            ValueType::I64
+        };
+        let mut wrong = Values::zeroed(other, 1);
+        assert!(r
+            .get_into(Keys::I64(&[1]), &mut wrong.slice_mut(0..1), &mut [false])
+            .is_err());
+        let mut short = Values::zeroed(vt, 1);
+        assert!(r
+            .get_into(
+                Keys::I64(&[1, 2]),
+                &mut short.slice_mut(0..1),
+                &mut [false; 2]
+            )
+            .is_err());
+        drop(r);
+        assert_eq!(
+            local.shm_stats().hits,
+            after.hits,
+            "counters outlive their handle"
+        );
+        assert!(local.shm_detach(&t, 0, v));
+    }
+}
+
+#[test]
+fn a_reader_handle_after_detach_or_a_drop_reads_over_tcp_or_errors() {
+    let a = server(&[]);
+    let c = client(&[&a], None);
+    let v = fill(&c, "gone", ValueType::I64, 8, 1);
+    let keys = all_keys();
+    let want = c.get("gone", Keys::I64(&keys), v).unwrap();
+    c.shm_attach("gone", 0, v).unwrap();
+    let r = c.shm_reader("gone", 0, v).unwrap();
+    assert!(r.get_wire(&1i64.to_le_bytes()).is_some());
+    // Inside tcp_only the handle does not answer.
+    assert!(ramgrid_client::shm::tcp_only(|| r.get_wire(&1i64.to_le_bytes())).is_none());
+    // Detached: the handle no longer answers from its mapping; reads through it go over TCP.
+    assert!(c.shm_detach("gone", 0, v));
+    assert_eq!(c.shm_stats().attached, 0);
+    assert!(r.get_wire(&1i64.to_le_bytes()).is_none());
+    let hits = c.shm_stats().hits;
+    assert!(same(&through_tcp(&r, &keys), &want));
+    assert_eq!(
+        c.shm_stats().hits,
+        hits,
+        "nothing answered from shared memory"
+    );
+    // The version dropped on the server: a clear error, never the old mapping's bytes.
+    let v2 = c.create_version("gone").unwrap();
+    c.seal_version("gone", v2).unwrap();
+    c.set_current("gone", v2).unwrap();
+    c.drop_version("gone", v).unwrap();
+    let mut out = Values::zeroed(ValueType::I64, 1);
+    let e = r
+        .get_into(Keys::I64(&[1]), &mut out.slice_mut(0..1), &mut [false])
+        .unwrap_err();
+    assert_eq!(e.kind(), ramgrid_client::ErrorKind::VersionNotFound, "{e}");
+}
+
+/// `r.get_into` for `keys` (I64 table), as a GetResult.
+fn through_tcp(r: &ramgrid_client::ShmReader, keys: &[i64]) -> GetResult {
+    let n = keys.len();
+    let mut values = Values::zeroed(ValueType::I64, n);
+    let mut found = vec![false; n];
+    let version = r
+        .get_into(Keys::I64(keys), &mut values.slice_mut(0..n), &mut found)
+        .unwrap();
+    GetResult {
+        values,
+        found,
+        version,
+    }
+}
+
+#[test]
+fn a_reader_handle_of_a_table_created_again_refuses_and_mixed_batches_go_over_tcp_too() {
+    let (a, b) = (server(&[]), server(&["--shm-dir", "off"]));
+    let c = client(&[&a, &b], None);
+    let v = fill(&c, "again", ValueType::I64, 8, 1);
+    let keys = all_keys();
+    let want = c.get("again", Keys::I64(&keys), v).unwrap();
+    let info = c.shm_attach("again", 0, v).unwrap();
+    assert!(!info.mapped.is_empty() && info.mapped.len() < 8, "{info:?}");
+    let r = c.shm_reader("again", 0, v).unwrap();
+    // Keys of partitions that are not mapped: the batch goes through the client, the mapped
+    // partitions still answered in place.
+    let mut out = Values::zeroed(ValueType::I64, keys.len());
+    let mut found = vec![false; keys.len()];
+    assert!(r
+        .try_get_into(
+            Keys::I64(&keys),
+            &mut out.slice_mut(0..keys.len()),
+            &mut found
+        )
+        .is_none());
+    let before = c.shm_stats();
+    assert!(same(&through_tcp(&r, &keys), &want));
+    let after = c.shm_stats();
+    assert!(
+        after.hits > before.hits && after.remote > before.remote,
+        "{after:?}"
+    );
+    // The table dropped and created again under its name (this client learns it): the handle
+    // refuses as the general path does, never answering from the old table's mapping.
+    c.drop_table("again").unwrap();
+    fill(&c, "again", ValueType::I64, 8, 1);
+    assert!(r.get_wire(&1i64.to_le_bytes()).is_none());
+    let mut out = Values::zeroed(ValueType::I64, 1);
+    let e = r
+        .get_into(Keys::I64(&[1]), &mut out.slice_mut(0..1), &mut [false])
+        .unwrap_err();
+    assert_eq!(e.kind(), ramgrid_client::ErrorKind::TableNotFound, "{e}");
+}

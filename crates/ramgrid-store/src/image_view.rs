@@ -103,14 +103,24 @@ impl<B: AsRef<[u8]>> ImageView<B> {
                 let w = dim as usize * 4;
                 &vals[i * w..(i + 1) * w]
             }
-            ValueType::Bytes => {
-                let offs = self.section(VALUE_OFFS);
-                let off = u64::from_le_bytes(offs[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
-                    as usize;
-                let len = read_u32(vals, off) as usize;
-                &vals[off + 4..off + 4 + len]
-            }
+            ValueType::Bytes => self.record(self.record_offset(i)),
         }
+    }
+
+    /// Where entry `i`'s value record (u32 length, bytes) starts in the value arena (bytes
+    /// images only).
+    #[inline]
+    fn record_offset(&self, i: usize) -> usize {
+        let offs = self.section(VALUE_OFFS);
+        u64::from_le_bytes(offs[i * 8..i * 8 + 8].try_into().expect("8 bytes")) as usize
+    }
+
+    /// The bytes of the value record at `off` in the value arena.
+    #[inline]
+    fn record(&self, off: usize) -> &[u8] {
+        let vals = self.section(VALUES);
+        let len = read_u32(vals, off) as usize;
+        &vals[off + 4..off + 4 + len]
     }
 
     /// One key's value in wire form, if present.
@@ -146,19 +156,47 @@ impl<B: AsRef<[u8]>> Lookup for ImageView<B> {
     }
 }
 
+/// Answers of a bytes lookup held back before they are emitted: a bytes value is a second
+/// dependent load past its offset (the pipeline prefetches only the offset), so each answer's
+/// record is prefetched when its entry is known and read this many answers later, overlapping
+/// its miss with the next keys' work instead of stalling on it.
+const RECORD_DELAY: usize = 16;
+
 /// Look up every `(view, key)`, in order, with the server's prefetching pipeline (the keys of a
 /// batch may spread over any number of views), and call `emit` with each value's wire form (see
-/// [`ImageView::value_wire`]) or `None` for a missing key. Every view must hold one value type.
+/// [`ImageView::value_wire`]) or `None` for a missing key (a key longer than `max_key` is
+/// missing, unlooked). Every view must hold one value type.
 pub fn lookup<'d, B, K>(
     items: impl Iterator<Item = (&'d ImageView<B>, K)>,
+    max_key: usize,
     mut emit: impl FnMut(Option<&'d [u8]>),
 ) where
     B: AsRef<[u8]> + 'd,
     K: AsRef<[u8]> + Copy,
 {
-    lookup_many(items, usize::MAX, |d, found| {
-        emit(found.ok().map(|i| d.value_wire(i)))
-    })
+    // Bytes answers wait in `ring` (view, offset of the value record) for RECORD_DELAY answers.
+    let mut ring: [Option<(&'d ImageView<B>, usize)>; RECORD_DELAY] = [None; RECORD_DELAY];
+    let (mut queued, mut emitted) = (0usize, 0usize);
+    lookup_many(items, max_key, |d, found| {
+        if d.value_type != ValueType::Bytes {
+            emit(found.ok().map(|i| d.value_wire(i)));
+            return;
+        }
+        if queued - emitted == RECORD_DELAY {
+            emit(ring[emitted % RECORD_DELAY].map(|(d, off)| d.record(off)));
+            emitted += 1;
+        }
+        ring[queued % RECORD_DELAY] = found.ok().map(|i| {
+            let off = d.record_offset(i);
+            prefetch(d.section(VALUES).as_ptr().wrapping_add(off));
+            (d, off)
+        });
+        queued += 1;
+    });
+    while emitted < queued {
+        emit(ring[emitted % RECORD_DELAY].map(|(d, off)| d.record(off)));
+        emitted += 1;
+    }
 }
 
 /// One cache line of [`AlignedBytes`].
@@ -237,7 +275,7 @@ mod tests {
         owned.extend_from_slice(&vals);
         // The view's answers, packed the same way.
         let (mut st2, mut vals2) = (Vec::new(), Vec::new());
-        lookup(keys.iter().map(|k| (&view, &k[..])), |v| {
+        lookup(keys.iter().map(|k| (&view, &k[..])), usize::MAX, |v| {
             st2.push(if v.is_some() {
                 0
             } else {
@@ -269,6 +307,26 @@ mod tests {
                 let (owned, viewed, _) = both(t, ops, keys, n as u64 + ops as u64);
                 assert_eq!(owned, viewed, "{t:?} after {ops} ops");
             }
+        }
+    }
+
+    #[test]
+    fn keys_longer_than_max_key_are_missing_and_bytes_answers_keep_their_order() {
+        let meter = Arc::new(Budget::new(1 << 30));
+        let (d, model) = build(ValueType::Bytes, 3_000, 1_000, 7, &meter);
+        let view = ImageView::open(AlignedBytes::copy_of(&image_bytes(&d).unwrap())).unwrap();
+        let mut keys: Vec<Vec<u8>> = model.keys().cloned().collect();
+        keys.sort_by_key(|k| std::cmp::Reverse(k.len()));
+        let max_key = keys[keys.len() / 2].len() - 1;
+        // More answers than the delay ring holds, some cut by max_key, in the order asked.
+        let mut got = Vec::new();
+        lookup(keys.iter().map(|k| (&view, &k[..])), max_key, |v| {
+            got.push(v.map(<[u8]>::to_vec))
+        });
+        assert_eq!(got.len(), keys.len());
+        for (k, v) in keys.iter().zip(&got) {
+            let want = (k.len() <= max_key).then(|| view.get(k).unwrap().to_vec());
+            assert_eq!(*v, want);
         }
     }
 

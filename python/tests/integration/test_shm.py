@@ -250,3 +250,85 @@ def test_a_client_that_finds_no_local_server_reads_over_tcp(shm_dir: Path, monke
             assert g.client_stats()["shm_hits"] == before
         finally:
             elsewhere.rmdir()
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Same value and same Python type (a float32 vector: an equal 1-D float32 array)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("value_type", ["bytes", "i64", "f64", ("f32vec", 4)])
+def test_one_key_gets_and_batches_through_the_reader_handle_equal_tcp(shm_dir: Path, value_type: Any) -> None:
+    with _grid(shm_dir, servers=1) as g:
+        t = _fill(g, "one", value_type)
+        local = t.pin(shared_memory=True)
+        remote = t.pin(shared_memory=False)
+        assert local._shm_get is not None and remote._shm_get is None
+        before = g.client_stats()
+        keys: list[Any] = [-1, 0, 1, 2, 3, 5, N - 1, N, 2**40, "1", b"\x01\0\0\0\0\0\0\0", "k" * 300, True]
+        for k in keys:
+            assert _equal(local.get(k, None), remote.get(k, None)), k
+            assert (k in local) == (k in remote), k
+            if remote.get(k, None) is None:
+                with pytest.raises(KeyError) as a:
+                    local[k]
+                with pytest.raises(KeyError) as b:
+                    remote[k]
+                assert str(a.value) == str(b.value) and a.value.args == b.value.args
+            else:
+                assert _equal(local[k], remote[k]), k
+        hits = g.client_stats()["shm_hits"] - before["shm_hits"]
+        assert hits > 0
+        # Bad keys: the same errors as over TCP.
+        for bad in (1.5, None, np.int64(3), 2**64):
+            with pytest.raises((TypeError, OverflowError)) as a:
+                local.get(bad)
+            with pytest.raises((TypeError, OverflowError)) as b:
+                remote.get(bad)
+            assert type(a.value) is type(b.value) and str(a.value) == str(b.value), bad
+        # Batches: an int64 array (read in place), lists, a default, and the KeysNotFound of a missing key.
+        for batch in (ALL_KEYS, ALL_KEYS[::-7].copy(), [1, 2, 4], ["1", b"2"], []):
+            assert _same(local.lookup(batch), remote.lookup(batch))
+        got, want = local.get_many(ALL_KEYS, default=-1), remote.get_many(ALL_KEYS, default=-1)
+        assert got == want if isinstance(want, list) else np.array_equal(got, want)
+        with pytest.raises(KeyError) as a:
+            local.get_many(ALL_KEYS)
+        with pytest.raises(KeyError) as b:
+            remote.get_many(ALL_KEYS)
+        assert str(a.value) == str(b.value)
+        # More keys than the GIL is kept for.
+        big = np.arange(-100, 20_000, dtype=np.int64)
+        assert _same(local.lookup(big), remote.lookup(big))
+
+
+def test_the_reader_handle_stops_answering_when_detached_and_in_a_forked_child(shm_dir: Path) -> None:
+    from ramgrid.grid import _ELSEWHERE
+
+    with _grid(shm_dir, servers=1) as g:
+        t = _fill(g, "handle", "i64")
+        p = t.pin(shared_memory=True)
+        assert p._shm_get(1, None) == -93
+        # A forked child does not read through the parent's handle; its reads go through its own client.
+        pid = os.fork()
+        if pid == 0:
+            ok = p._shm_get(1, None) is _ELSEWHERE and p.get(1) == -93 and p.get(3, None) is None
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert p._shm_get(1, None) == -93
+        # Detached under the handle: it stops answering from its mapping; reads go over TCP, the same values.
+        c = g._client()
+        assert c.shm_detach("handle", p.version, p.incarnation)
+        assert p._shm_get(1, None) is _ELSEWHERE
+        before = g.client_stats()["shm_hits"]
+        assert p.get(1) == -93 and p[2] == -86 and 3 not in p
+        assert np.array_equal(p.get_many([1, 2]), [-93, -86])
+        assert g.client_stats()["shm_hits"] == before
+        # The dropped version: a clear error, not the old mapping's bytes.
+        with t.new_version() as w:
+            w.put_many([1], np.array([1]))
+        t.drop_version(p.version)
+        with pytest.raises(ramgrid.exceptions.VersionNotFound):
+            p.get(1)
