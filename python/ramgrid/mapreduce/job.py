@@ -22,6 +22,7 @@ from ramgrid.exceptions import (
     TableNotFound,
 )
 from ramgrid.grid import Grid, PinnedTable, Table, VersionWriter
+from ramgrid.mapreduce.commit import DEFAULT_COMMIT_TIMEOUT, commit_output, wait_whole
 from ramgrid.mapreduce.joblog import JobLog
 from ramgrid.mapreduce.progress import Progress
 from ramgrid.mapreduce.spec import MERGE_REDUCERS, FileSplit, JobSpec, TableSplit
@@ -59,6 +60,8 @@ class Summary:
     def __str__(self) -> str:
         ph = ", ".join(f"{k} {v:.2f} s" for k, v in self.phases.items())
         how = "merged on write" if self.merged_on_write else ("rebuilt from the shuffle" if self.rebuilt else "reduced")
+        if "map" not in self.phases:
+            how = "resumed at its commit (no task ran)"
         return (
             f"job {self.job_id}: {self.map_tasks} map tasks ({self.map_runs} runs, {self.maps_resumed} resumed), "
             f"{self.reduce_tasks} reduce tasks, {self.records_in:,} records in, {self.pairs_out:,} pairs out, "
@@ -115,6 +118,7 @@ def run(
     max_attempts: int = 4,
     progress: bool = True,
     job_id: str | None = None,
+    commit_timeout: float = DEFAULT_COMMIT_TIMEOUT,
 ) -> JobResult:
     """Runs a MapReduce job on `grid` and returns its `JobResult`.
 
@@ -136,10 +140,16 @@ def run(
     `keep_intermediate`: keep the intermediate table and the job log (named `<job_id>.shuffle`, `.log`, `.marks`).
     `speculative`: run every map task twice at once (two attempts; the first to finish is committed), as Hadoop
     does for stragglers. `max_attempts`: runs of a failing task before the job fails.
+    `commit_timeout`: seconds the job waits, once its work is done, for a server that is down (or restarted and
+    still repairing) before it can seal and switch its output version (every server must take part). Past it the job
+    raises `CommitPending` naming the server; its work is kept, and `resume(job_id, grid)` then only seals and
+    switches. A job without an output table never waits.
     """
     t0 = time.perf_counter()
     if reduce_partitions < 1:
         raise ValueError("reduce_partitions must be >= 1")
+    if not commit_timeout >= 0:
+        raise ValueError(f"commit_timeout must be a number of seconds >= 0, got {commit_timeout!r}")
     if isinstance(reducer, str) and reducer not in MERGE_REDUCERS:
         raise ValueError(f"reducer must be one of {', '.join(MERGE_REDUCERS)} or a function, got {reducer!r}")
     if not callable(mapper):
@@ -171,7 +181,7 @@ def run(
         output=output,
         output_type=output_type,
         keep_intermediate=keep_intermediate,
-        extra={"speculative": speculative, "max_attempts": max_attempts},
+        extra={"speculative": speculative, "max_attempts": max_attempts, "commit_timeout": float(commit_timeout)},
     )
     jlog = JobLog(config, job_id)
     jlog.create(replication)
@@ -196,11 +206,21 @@ def run(
 
 
 def resume(
-    job_id: str, grid: Grid, *, dask_client: Any = None, workers: int | None = None, progress: bool = True
+    job_id: str,
+    grid: Grid,
+    *,
+    dask_client: Any = None,
+    workers: int | None = None,
+    progress: bool = True,
+    commit_timeout: float | None = None,
 ) -> JobResult:
-    """Continues job `job_id` from its log in `grid` after its driver died: map tasks the log committed are not run
-    again (their output is in the intermediate table); the rest of the job runs as `run` would."""
+    """Continues job `job_id` from its log in `grid` after its driver died or its commit timed out
+    (`CommitPending`): map tasks the log committed are not run again (their output is in the intermediate table);
+    the rest of the job runs as `run` would. A job that had done all its work only seals and switches its output
+    version. `commit_timeout`: as for `run` (None: the job's own)."""
     t0 = time.perf_counter()
+    if commit_timeout is not None and not commit_timeout >= 0:
+        raise ValueError(f"commit_timeout must be a number of seconds >= 0, got {commit_timeout!r}")
     jlog = JobLog(dataclasses.replace(grid.config, ack="all"), job_id)
     if not jlog.exists():
         raise TableNotFound(f"no job {job_id!r} on this grid (its log table {jlog.log_name!r} does not exist)")
@@ -208,9 +228,15 @@ def resume(
     state = jlog.state()
     if state == "done":
         raise RamgridError(f"job {job_id!r} has finished already")
+    if commit_timeout is not None:
+        spec = dataclasses.replace(spec, extra={**spec.extra, "commit_timeout": float(commit_timeout)})
     committed = jlog.committed_maps(len(spec.splits))
     summary = Summary(job_id=job_id, map_tasks=len(spec.splits), maps_resumed=len(committed))
     summary.phases["plan"] = time.perf_counter() - t0
+    if state == "commit" and spec.output is not None:
+        log.info("job %s resumed at its commit: sealing and switching version %d", job_id, spec.output_version)
+        _add_counts(summary, committed)
+        return _finish(spec, jlog, summary, None, t0)
     log.info("job %s resumed: %d of %d map tasks committed", job_id, len(committed), len(spec.splits))
     with engine_for(dask_client, workers, grid.servers) as engine:
         return _drive(spec, jlog, engine, summary, committed, progress, t0)
@@ -347,8 +373,10 @@ def _drive(
         return place_map_task(spec.splits[t].owners, attempt, load_by_server)
 
     def submit_map(t: int, attempt: int, ack: str) -> Any:
-        # A speculative second copy is a second attempt: it writes its own keys.
-        return engine.submit(map_task, spec, t, attempt, ack, where=where_map(t, attempt), name="map")
+        # A speculative second copy is a second attempt: it writes its own keys. The task reads its partition from
+        # the replica it is placed beside (`where` goes to the engine as the locality hint and to the task).
+        where = where_map(t, attempt)
+        return engine.submit(map_task, spec, t, attempt, ack, where, where=where, name="map")
 
     def map_done(t: int, rec: dict[str, Any]) -> None:
         if rec.get("degraded") and runner.ack != "one":
@@ -361,11 +389,7 @@ def _drive(
     with Progress(f"map {spec.job_id}", len(spec.splits), progress, done=len(committed)) as prog:
         runner.run(todo, submit_map, map_done, copies=2 if spec.extra.get("speculative") else 1, prog=prog)
     summary.map_runs = runner.runs
-    for rec in committed.values():
-        summary.records_in += rec["records"]
-        summary.pairs_out += rec["pairs"]
-        summary.pairs_combined += rec["combined"]
-        summary.bytes_shuffled += rec["bytes"]
+    _add_counts(summary, committed)
     summary.phases["map"] = time.perf_counter() - t_map
 
     # Reduce phase: skipped when the store merged every task's output exactly once.
@@ -384,21 +408,59 @@ def _drive(
             summary.rebuilt = True
             log.warning("job %s: merges were partial or doubled; rebuilding the output from the shuffle", spec.job_id)
             if writer is not None:
+                # A new version needs every server, as the commit does: wait for one that is down as it would.
+                deadline = time.monotonic() + _commit_timeout(spec)
+                if wait_whole(g, deadline, "rebuilding its output", spec.job_id, jlog.note_waiting) > 0:
+                    # The cluster is whole again: the rebuild writes at ack=all, once the clients' probers (every
+                    # 500 ms, client rule 4) have seen the server back, so no write skips it as down.
+                    time.sleep(_PROBE_GRACE)
+                    runner.ack = "all"
                 writer.abort()
                 writer = VersionWriter(g, spec.output or "").begin()
                 spec = dataclasses.replace(spec, output_version=writer.version, merge_version=writer.version)
                 jlog.put_spec(spec)
         result = _reduce(spec, jlog, engine, runner, committed, summary, progress, writer is not None and not dirty)
     summary.phases["reduce"] = time.perf_counter() - t_red
-
-    # Commit.
-    t_commit = time.perf_counter()
-    version = None
-    if writer is not None:
-        version = writer.commit()
-        result = None
+    if spec.output is not None:
+        jlog.set_state("commit")  # all work done: a resume only seals and switches
     elif merge and not dirty:
         result = _read_merged(g, spec.merge_target, key_kinds)
+    return _finish(spec, jlog, summary, result, t0)
+
+
+def _add_counts(summary: Summary, committed: dict[int, dict[str, Any]]) -> None:
+    for rec in committed.values():
+        summary.records_in += rec["records"]
+        summary.pairs_out += rec["pairs"]
+        summary.pairs_combined += rec["combined"]
+        summary.bytes_shuffled += rec["bytes"]
+
+
+# Longer than a client's probe interval plus a probe's timeout (docs/ARCHITECTURE.md, the cluster client, rule 4).
+_PROBE_GRACE = 1.0
+
+
+def _commit_timeout(spec: JobSpec) -> float:
+    return float(spec.extra.get("commit_timeout", DEFAULT_COMMIT_TIMEOUT))
+
+
+def _finish(
+    spec: JobSpec,
+    jlog: JobLog,
+    summary: Summary,
+    result: dict[Any, Any] | None,
+    t0: float,
+) -> JobResult:
+    """Commits the job: seals and switches the output version (waiting, bounded, for every server), then drops the
+    job's tables."""
+    g = Grid(spec.config)
+    t_commit = time.perf_counter()
+    version = None
+    if spec.output is not None:
+        commit_output(g, spec.output, spec.output_version, spec.job_id, _commit_timeout(spec), jlog.note_waiting)
+        version = spec.output_version
+        result = None
+        log.info("job %s: version %d of %s is current", spec.job_id, version, spec.output)
     jlog.set_state("done")
     if not spec.keep_intermediate:
         for name in (spec.intermediate, spec.merge_target if spec.output is None else ""):
