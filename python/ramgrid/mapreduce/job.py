@@ -54,6 +54,9 @@ class Summary:
     rebuilt: bool = False  # merges were partial or doubled: the output was rebuilt from the shuffle
     ack: str = "all"
     retries: int = 0
+    # Tasks run again at ack=all because they wrote at ack=one while a server was down and it came back during
+    # their phase: its copy may lack their writes (see `_came_back`).
+    rewritten: int = 0
     phases: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -65,7 +68,9 @@ class Summary:
         return (
             f"job {self.job_id}: {self.map_tasks} map tasks ({self.map_runs} runs, {self.maps_resumed} resumed), "
             f"{self.reduce_tasks} reduce tasks, {self.records_in:,} records in, {self.pairs_out:,} pairs out, "
-            f"{self.pairs_combined:,} after combining, {self.bytes_shuffled / 2**20:.1f} MiB shuffled, {how}; "
+            f"{self.pairs_combined:,} after combining, {self.bytes_shuffled / 2**20:.1f} MiB shuffled, {how}"
+            + (f", {self.rewritten} tasks written again at ack=all" if self.rewritten else "")
+            + "; "
             f"{ph}; {self.seconds:.2f} s"
         )
 
@@ -389,13 +394,31 @@ def _drive(
     with Progress(f"map {spec.job_id}", len(spec.splits), progress, done=len(committed)) as prog:
         runner.run(todo, submit_map, map_done, copies=2 if spec.extra.get("speculative") else 1, prog=prog)
     summary.map_runs = runner.runs
+    force_dirty = False
+    weak = sorted(t for t, rec in committed.items() if rec.get("ack") == "one")
+    if weak and _came_back(g, spec.job_id, f"{len(weak)} map tasks"):
+        runner.ack = "all"
+
+        def again(t: int) -> Any:
+            a = committed[t]["attempt"]  # the same keys and values, written again to every replica
+            where = place_map_task(spec.splits[t].owners, a, load_by_server)
+            return engine.submit(map_task, spec, t, a, "all", where, where=where, name="map")
+
+        for t, rec in _again_at_all(engine, weak, again, runner.max_attempts).items():
+            jlog.commit_map(t, rec)
+            committed[t] = rec
+        summary.rewritten += len(weak)
+        if spec.merge is not None:
+            # Merges made at ack=one may be missing on the server that came back: rebuild from the shuffle.
+            jlog.mark_dirty()
+            force_dirty = True
     _add_counts(summary, committed)
     summary.phases["map"] = time.perf_counter() - t_map
 
     # Reduce phase: skipped when the store merged every task's output exactly once.
     t_red = time.perf_counter()
     merge = spec.merge is not None
-    dirty = merge and (jlog.dirty() or any(r.get("merge") == "dirty" for r in committed.values()))
+    dirty = merge and (force_dirty or jlog.dirty() or any(r.get("merge") == "dirty" for r in committed.values()))
     result: dict[Any, Any] | None = None
     writer: VersionWriter | None = None
     if spec.output is not None:
@@ -438,6 +461,56 @@ def _add_counts(summary: Summary, committed: dict[int, dict[str, Any]]) -> None:
 
 # Longer than a client's probe interval plus a probe's timeout (docs/ARCHITECTURE.md, the cluster client, rule 4).
 _PROBE_GRACE = 1.0
+
+
+def _came_back(g: Grid, job_id: str, what: str) -> bool:
+    """Whether every server answers, after some of the job's writes of this phase were made at ack=one (a server was
+    down). A server that came back copied its partitions from a replica, but a write its clients sent while they
+    still counted it down (until their probe answered) may have reached the replica after the copy: the server then
+    lacks it (docs/ARCHITECTURE.md, "Membership and repair", what ack promises). So those writes are made again, at
+    ack=all; once the clients' probers have seen the server (a probe interval), none skips it."""
+    try:
+        status = g.status()
+    except RamgridError:
+        return False
+    if not all(st.get("ok") for st in status):
+        return False  # still down: when it comes back it copies writes made until then (the job waits for it)
+    log.warning(
+        "job %s: %s wrote at ack=one while a server was down, and every server answers again: they run again at "
+        "ack=all so that the server that came back holds their writes",
+        job_id,
+        what,
+    )
+    time.sleep(_PROBE_GRACE)
+    return True
+
+
+def _again_at_all(
+    engine: ThreadEngine | DaskEngine, tasks: list[int], submit: Callable[[int], Any], max_attempts: int
+) -> dict[int, dict[str, Any]]:
+    """Runs `submit(t)` for each task and waits; a task that fails is run again (a probe interval later) up to
+    `max_attempts` times, never at a lower ack: the point is that every replica takes its writes."""
+    out: dict[int, dict[str, Any]] = {}
+    todo = list(tasks)
+    for round_ in range(max_attempts):
+        futures = {submit(t): t for t in todo}
+        failed: list[int] = []
+        try:
+            for f in engine.as_completed(list(futures)):
+                try:
+                    out[futures[f]] = f.result()
+                except RamgridError:
+                    if round_ == max_attempts - 1:
+                        raise
+                    failed.append(futures[f])
+        except BaseException:
+            engine.cancel(list(futures))
+            raise
+        if not failed:
+            break
+        todo = failed
+        time.sleep(_PROBE_GRACE)
+    return out
 
 
 def _commit_timeout(spec: JobSpec) -> float:
@@ -497,14 +570,28 @@ def _reduce(
         where = owners[r][attempt % len(owners[r])] if owners[r] else None
         return engine.submit(reduce_task, spec, r, per_r[r], ack, where=where, name="reduce")
 
+    weak: list[int] = []
+
     def done(r: int, rec: dict[str, Any]) -> None:
         if "result" in rec:
             out.update(rec["result"])
         elif spec.output is not None:
             jlog.reduce_done(r, {"pairs_out": rec["pairs_out"]})
+            if rec.get("ack") == "one":
+                weak.append(r)
 
     with Progress(f"reduce {spec.job_id}", R, progress, done=R - len(todo)) as prog:
         runner.run(todo, submit, done, prog=prog)
+    if weak and _came_back(Grid(spec.config), spec.job_id, f"{len(weak)} reduce tasks"):
+        runner.ack = "all"
+
+        def again(r: int) -> Any:
+            return engine.submit(
+                reduce_task, spec, r, per_r[r], "all", where=owners[r][0] if owners[r] else None, name="reduce"
+            )
+
+        _again_at_all(engine, sorted(weak), again, runner.max_attempts)  # plain puts: the same values again
+        summary.rewritten += len(weak)
     return out if spec.output is None else None
 
 

@@ -211,6 +211,7 @@ def map_task(spec: JobSpec, task: int, attempt: int, ack: str, where: str | None
         "bytes": shuffled,
         "merge": merge,
         "degraded": degraded,
+        "ack": spec.config.ack,  # the level its writes were acknowledged at ("one": a replica may lack them)
         "key_kind": _key_kind(combined),
         "map_s": t_map,
         "seconds": time.perf_counter() - t0,
@@ -292,7 +293,7 @@ def reduce_task(spec: JobSpec, r: int, committed: dict[int, tuple[int, int]], ac
         reducer = spec.reducer
         assert callable(reducer)
         acc = {k: reducer(k, vs) for k, vs in acc.items()}
-    out: dict[str, Any] = {"r": r, "pairs_in": pairs, "pairs_out": len(acc), "seconds": 0.0}
+    out: dict[str, Any] = {"r": r, "pairs_in": pairs, "pairs_out": len(acc), "seconds": 0.0, "ack": ack}
     if spec.output is not None and spec.output_version:
         if acc:
             part = VersionPart(Grid(spec.config), spec.output, spec.output_version)
