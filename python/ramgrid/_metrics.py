@@ -13,7 +13,7 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 _PREFIX = "ramgrid_table_"
 # Counters whose sample is one number per table.
-_COUNTERS = ("gets", "hits", "misses", "puts", "put_failures", "deletes", "delete_hits")
+_COUNTERS = ("gets", "hits", "misses", "puts", "put_failures", "deletes", "delete_hits", "scan_pages")
 
 
 def _unescape(v: str) -> str:
@@ -37,7 +37,7 @@ def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
 def table_figures(text: str) -> dict[str, dict[str, Any]]:
     """{table: figures} on one server: "items" (of the current version), "bytes" (all versions), "versions",
     "current_version", "by_version" {number: {"items", "bytes"}}, the key counters "gets", "hits", "misses",
-    "puts", "put_failures", "deletes", "delete_hits", "batches" {op: n}, "refused" {reason: n} and
+    "puts", "put_failures", "deletes", "delete_hits", "scan_pages" (SCAN pages served), "batches" {op: n}, "refused" {reason: n} and
     "batch_seconds" {op: {"count", "sum"}}."""
     tables: dict[str, dict[str, Any]] = {}
 

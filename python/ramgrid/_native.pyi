@@ -214,6 +214,7 @@ def scan(
     chunk_items: int = 65536,
     max_restarts: int = 8,
     partitions: tuple[int, int] | None = None,  # (start, end): partitions start..end-1 only
+    prefer: str | None = None,  # "host:port": asked first where every replica holds the data
 ) -> ScanIter: ...
 def top_k(
     client: Client,

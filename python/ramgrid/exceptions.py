@@ -116,6 +116,24 @@ class ValueOutOfRange(RamgridError, ValueError):
         return str(self.args[0]) if self.args else ""
 
 
+class CommitPending(RamgridError):
+    """A MapReduce job did all its work but could not switch its output version in time: `servers` (addresses)
+    were down or still repairing when `commit_timeout` ran out. Nothing was lost: the job's tables and its open
+    output version are kept, and `ramgrid.mapreduce.resume(job_id, grid)` seals and switches it (no task runs
+    again) once those servers are back or removed from the cluster."""
+
+    def __init__(self, message: str, job_id: str = "", servers: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.servers = tuple(servers)
+
+    def __reduce__(self) -> Any:
+        return (type(self), (str(self.args[0]) if self.args else "", self.job_id, self.servers))
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class ServerStartError(RamgridError):
     """A local server process did not start (its exit status and stderr are in the message)."""
 
@@ -141,6 +159,7 @@ class KeysNotFound(_KeysNotFoundBody, RamgridError, KeyError):
 __all__ = [
     "AuthError",
     "BatchError",
+    "CommitPending",
     "ConnectionFailed",
     "KeysNotFound",
     "LoadError",

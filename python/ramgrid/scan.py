@@ -96,9 +96,16 @@ class _Scans:
 
         def _client(self) -> Client: ...  # the handle classes' (`_Reader._client`)
 
-    def scan(self, chunk_items: int = 65536, partitions: tuple[int, int] | None = None) -> ScanChunks:
+    def scan(
+        self, chunk_items: int = 65536, partitions: tuple[int, int] | None = None, prefer: str | None = None
+    ) -> ScanChunks:
         """Every item of the table, in chunks of at most `chunk_items`, partition by partition (see the module).
-        `partitions=(start, end)`: only partitions start..end-1 (a job's task reads one: `(p, p + 1)`)."""
+        `partitions=(start, end)`: only partitions start..end-1 (a job's task reads one: `(p, p + 1)`).
+        `prefer="host:port"`: ask that server first for each partition it holds a replica of (a task placed beside
+        it reads there), where every replica holds the data: a pinned version confirmed sealed, or a client writing
+        with ack="all". Otherwise, as without it, the primary is asked first. A preferred server that is down,
+        slow or repairing is passed over for the next replica, as any read fails over. ValueError when `prefer`
+        is not a server of the cluster."""
         if int(chunk_items) < 1:
             raise ValueError("chunk_items must be at least 1")
         from ramgrid import _native
@@ -112,6 +119,7 @@ class _Scans:
             None,
             int(chunk_items),
             partitions=parts,
+            prefer=None if prefer is None else str(prefer),
         )
         return ScanChunks(it)
 

@@ -192,7 +192,7 @@ impl Pipeline {
         let mut assign = vec![usize::MAX; map.partitions() as usize];
         for p in by_part.busy() {
             let reps = map.replicas(p as u32);
-            let first = pick.first(p as u32, reps.len());
+            let first = pick.first(p as u32, reps);
             let order = || reps[first..].iter().chain(&reps[..first]);
             assign[p] = order()
                 .find(|&&s| !topo.pools[s as usize].health.avoid_for_reads())

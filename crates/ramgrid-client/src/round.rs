@@ -34,16 +34,22 @@ pub(crate) enum Pick {
     /// partition is a whole pass, and reads of data every replica holds; consecutive calls
     /// (another seed each) spread the work over every replica instead of loading the primaries only.
     Spread(u64),
+    /// Server `.0` (an index into the topology's pools) first where it is a replica of the
+    /// partition, then the others in order; the primary first where it is not. For a job's task
+    /// placed beside one replica (a scan of its partition). Only for data every replica holds:
+    /// [`Client::prefer_pick`] decides.
+    Prefer(usize),
 }
 
 impl Pick {
-    /// Index into partition `p`'s replica list of the replica asked first.
-    pub(crate) fn first(self, p: u32, replicas: usize) -> usize {
+    /// Index into partition `p`'s replica list `reps` (server indexes) of the replica asked first.
+    pub(crate) fn first(self, p: u32, reps: &[u32]) -> usize {
         match self {
             Pick::Primary => 0,
             Pick::Spread(seed) => {
-                ((u64::from(p).wrapping_add(seed)) % replicas.max(1) as u64) as usize
+                ((u64::from(p).wrapping_add(seed)) % reps.len().max(1) as u64) as usize
             }
+            Pick::Prefer(server) => reps.iter().position(|&s| s as usize == server).unwrap_or(0),
         }
     }
 }
@@ -67,6 +73,17 @@ impl Client {
             Pick::Spread(READ_SEED.fetch_add(1, Ordering::Relaxed))
         } else {
             Pick::Primary
+        }
+    }
+
+    /// The replica rule for a read that would rather be served by server `server` (an index into
+    /// the topology's pools): [`Pick::Prefer`] where [`Client::read_pick`] would spread the read
+    /// (every replica holds what it may ask for), its own pick otherwise (a replica may lag behind
+    /// this client's writes, so the primary is asked first). Failover is the same either way.
+    pub(crate) fn prefer_pick(&self, table: &str, version: u32, server: usize) -> Pick {
+        match self.read_pick(table, version) {
+            Pick::Spread(_) => Pick::Prefer(server),
+            other => other,
         }
     }
 }
@@ -119,7 +136,7 @@ impl Client {
         while !todo.is_empty() {
             for &p in &todo {
                 let reps = map.replicas(p);
-                let first = pick.first(p, reps.len());
+                let first = pick.first(p, reps);
                 let order = || reps[first..].iter().chain(&reps[..first]);
                 let usable = |s: usize| !failed[s] && !repairing[p as usize].contains(&s);
                 let pick = order()

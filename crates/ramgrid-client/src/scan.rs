@@ -161,6 +161,11 @@ pub struct Scan {
     end_partition: u32,
     ready: VecDeque<Chunk>,
     failed: bool,
+    /// The server (address) whose replica is asked first, where every replica holds the data
+    /// (see [`Scan::prefer`]).
+    prefer: Option<String>,
+    /// Whether `prefer` applies (decided at the first page, from the version asked for).
+    prefer_ok: Option<bool>,
     /// Partitions read again because they changed between pages (all partitions so far).
     pub restarts: u32,
 }
@@ -206,6 +211,8 @@ impl Client {
             end_partition: meta.partitions,
             ready: VecDeque::new(),
             failed: false,
+            prefer: None,
+            prefer_ok: None,
             restarts: 0,
         })
     }
@@ -256,6 +263,23 @@ impl Scan {
         }
         self.next_partition = start;
         self.end_partition = end;
+        Ok(self)
+    }
+
+    /// Asks each partition of server `addr` ("host:port", a member of the cluster) first where it
+    /// is one of the partition's replicas: a job's task placed beside that server reads its
+    /// partition there. Only where every replica holds the data ([`Client::read_pick`] would
+    /// spread the read: a pinned version confirmed sealed, or a client writing with `ack = all`);
+    /// otherwise the scan asks the primary first, as without it. Failover is unchanged: a
+    /// preferred server that is down, slow, repairing or not a replica of the partition is passed
+    /// over for the next replica. Refused when `addr` is not a server of the cluster.
+    pub fn prefer(mut self, addr: &str) -> Result<Scan> {
+        if !self.client.topology().pools.iter().any(|p| p.addr == addr) {
+            return Err(Error::InvalidArgument(format!(
+                "prefer={addr:?} is not a server of the cluster"
+            )));
+        }
+        self.prefer = Some(addr.to_string());
         Ok(self)
     }
 
@@ -360,10 +384,30 @@ impl Scan {
                 got = Some((h.state, h.next, h.generation, h.version));
                 Ok(Handled::Ok)
             };
+            // Every page of a partition goes to the same replica (a page from another would be
+            // answered CHANGED): the pick depends on the partition and the table only.
+            let server = self
+                .prefer
+                .as_ref()
+                .and_then(|addr| topo.pools.iter().position(|s| &s.addr == addr));
+            let pick = match server {
+                // Not asked for, or no longer a member (the spec changed): today's rule.
+                None => Pick::Primary,
+                Some(server) => {
+                    let ok = *self.prefer_ok.get_or_insert_with(|| {
+                        c.prefer_pick(&self.table, self.version, server) != Pick::Primary
+                    });
+                    if ok {
+                        Pick::Prefer(server)
+                    } else {
+                        Pick::Primary
+                    }
+                }
+            };
             let io = RoundIo {
                 opcode: Opcode::Scan,
                 hedge: false,
-                pick: Pick::Primary,
+                pick,
                 keys_in: &|_| 1,
                 encode: &mut encode,
                 take: &mut take,

@@ -94,13 +94,15 @@ fn chunk_tuple(py: Python<'_>, c: Chunk) -> PyResult<Bound<'_, PyTuple>> {
     )
 }
 
-/// Starts a scan of `table` (filtered when `predicate` = (component, lo, hi) is given).
+/// Starts a scan of `table` (filtered when `predicate` = (component, lo, hi) is given; narrowed
+/// to `partitions` = (start, end); asking server `prefer` first where every replica holds the
+/// data, `ramgrid_client::scan::Scan::prefer`).
 #[expect(
     clippy::too_many_arguments,
     reason = "mirrors the Python keyword arguments"
 )]
 #[pyfunction]
-#[pyo3(signature = (client, table, version=0, incarnation=0, predicate=None, chunk_items=65536, max_restarts=8, partitions=None))]
+#[pyo3(signature = (client, table, version=0, incarnation=0, predicate=None, chunk_items=65536, max_restarts=8, partitions=None, prefer=None))]
 pub(crate) fn scan(
     py: Python<'_>,
     client: &Client,
@@ -111,6 +113,7 @@ pub(crate) fn scan(
     chunk_items: usize,
     max_restarts: u32,
     partitions: Option<(u32, u32)>,
+    prefer: Option<&str>,
 ) -> PyResult<ScanIter> {
     let opts = ScanOptions {
         chunk_items,
@@ -123,6 +126,10 @@ pub(crate) fn scan(
                 .scan(table, version, incarnation, to_predicate(predicate), opts)
                 .and_then(|s| match partitions {
                     Some((a, b)) => s.partitions(a, b),
+                    None => Ok(s),
+                })
+                .and_then(|s| match prefer {
+                    Some(addr) => s.prefer(addr),
                     None => Ok(s),
                 })
         })

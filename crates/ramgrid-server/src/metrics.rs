@@ -103,6 +103,9 @@ pub struct NativeCounters {
     pub deletes: AtomicU64,
     /// Of those, keys that were there and are gone.
     pub delete_hits: AtomicU64,
+    /// SCAN pages answered (a partition that fits one frame is one page): which replica served a
+    /// job's scan.
+    pub scan_pages: AtomicU64,
     /// Frames refused whole, by native status byte.
     pub refused: [AtomicU64; STATUS_SLOTS],
     /// Time from a frame's parse to its reply being ready (a log table's fsync included), per [`Op`].
@@ -192,6 +195,13 @@ impl ConnMetrics {
             Request::Get(b) => (Op::Get, b.table),
             Request::Put(p) => (Op::Put, p.table),
             Request::Delete(b) => (Op::Delete, b.table),
+            Request::Scan(q) if refused.is_none() => {
+                bump(&stats.native.scan_pages, 1);
+                if let Some(t) = self.table(stats, q.table, true) {
+                    bump(&t.scan_pages, 1);
+                }
+                return;
+            }
             _ => {
                 if let Some(s) = refused {
                     stats.native.refuse(s);
@@ -294,6 +304,7 @@ struct Sums {
     put_failures: u64,
     deletes: u64,
     delete_hits: u64,
+    scan_pages: u64,
     refused: [u64; STATUS_SLOTS],
     buckets: [[u64; LATENCY_BUCKETS.len() + 1]; 3],
     sum_nanos: [u64; 3],
@@ -316,6 +327,7 @@ impl Sums {
         self.put_failures += l(&c.put_failures);
         self.deletes += l(&c.deletes);
         self.delete_hits += l(&c.delete_hits);
+        self.scan_pages += l(&c.scan_pages);
         for (r, a) in self.refused.iter_mut().zip(&c.refused) {
             *r += l(a);
         }
@@ -333,7 +345,7 @@ fn write_counters(out: &mut Out, prefix: &str, rows: &[(String, Sums)]) {
         }
     };
     type Family = (&'static str, &'static str, fn(&Sums) -> u64);
-    let fams: [Family; 7] = [
+    let fams: [Family; 8] = [
         ("gets_total", "keys asked by answered GET frames", |s| {
             s.gets
         }),
@@ -353,6 +365,7 @@ fn write_counters(out: &mut Out, prefix: &str, rows: &[(String, Sums)]) {
         ("delete_hits_total", "keys DELETE frames removed", |s| {
             s.delete_hits
         }),
+        ("scan_pages_total", "SCAN pages answered", |s| s.scan_pages),
     ];
     for (suffix, help, pick) in fams {
         let name = format!("{prefix}_{suffix}");

@@ -22,6 +22,7 @@ from ramgrid.exceptions import (
     TableNotFound,
 )
 from ramgrid.grid import Grid, PinnedTable, Table, VersionWriter
+from ramgrid.mapreduce.commit import DEFAULT_COMMIT_TIMEOUT, commit_output, wait_whole
 from ramgrid.mapreduce.joblog import JobLog
 from ramgrid.mapreduce.progress import Progress
 from ramgrid.mapreduce.spec import MERGE_REDUCERS, FileSplit, JobSpec, TableSplit
@@ -53,16 +54,23 @@ class Summary:
     rebuilt: bool = False  # merges were partial or doubled: the output was rebuilt from the shuffle
     ack: str = "all"
     retries: int = 0
+    # Tasks run again at ack=all because they wrote at ack=one while a server was down and it came back during
+    # their phase: its copy may lack their writes (see `_came_back`).
+    rewritten: int = 0
     phases: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
 
     def __str__(self) -> str:
         ph = ", ".join(f"{k} {v:.2f} s" for k, v in self.phases.items())
         how = "merged on write" if self.merged_on_write else ("rebuilt from the shuffle" if self.rebuilt else "reduced")
+        if "map" not in self.phases:
+            how = "resumed at its commit (no task ran)"
         return (
             f"job {self.job_id}: {self.map_tasks} map tasks ({self.map_runs} runs, {self.maps_resumed} resumed), "
             f"{self.reduce_tasks} reduce tasks, {self.records_in:,} records in, {self.pairs_out:,} pairs out, "
-            f"{self.pairs_combined:,} after combining, {self.bytes_shuffled / 2**20:.1f} MiB shuffled, {how}; "
+            f"{self.pairs_combined:,} after combining, {self.bytes_shuffled / 2**20:.1f} MiB shuffled, {how}"
+            + (f", {self.rewritten} tasks written again at ack=all" if self.rewritten else "")
+            + "; "
             f"{ph}; {self.seconds:.2f} s"
         )
 
@@ -115,6 +123,7 @@ def run(
     max_attempts: int = 4,
     progress: bool = True,
     job_id: str | None = None,
+    commit_timeout: float = DEFAULT_COMMIT_TIMEOUT,
 ) -> JobResult:
     """Runs a MapReduce job on `grid` and returns its `JobResult`.
 
@@ -136,10 +145,16 @@ def run(
     `keep_intermediate`: keep the intermediate table and the job log (named `<job_id>.shuffle`, `.log`, `.marks`).
     `speculative`: run every map task twice at once (two attempts; the first to finish is committed), as Hadoop
     does for stragglers. `max_attempts`: runs of a failing task before the job fails.
+    `commit_timeout`: seconds the job waits, once its work is done, for a server that is down (or restarted and
+    still repairing) before it can seal and switch its output version (every server must take part). Past it the job
+    raises `CommitPending` naming the server; its work is kept, and `resume(job_id, grid)` then only seals and
+    switches. A job without an output table never waits.
     """
     t0 = time.perf_counter()
     if reduce_partitions < 1:
         raise ValueError("reduce_partitions must be >= 1")
+    if not commit_timeout >= 0:
+        raise ValueError(f"commit_timeout must be a number of seconds >= 0, got {commit_timeout!r}")
     if isinstance(reducer, str) and reducer not in MERGE_REDUCERS:
         raise ValueError(f"reducer must be one of {', '.join(MERGE_REDUCERS)} or a function, got {reducer!r}")
     if not callable(mapper):
@@ -171,7 +186,7 @@ def run(
         output=output,
         output_type=output_type,
         keep_intermediate=keep_intermediate,
-        extra={"speculative": speculative, "max_attempts": max_attempts},
+        extra={"speculative": speculative, "max_attempts": max_attempts, "commit_timeout": float(commit_timeout)},
     )
     jlog = JobLog(config, job_id)
     jlog.create(replication)
@@ -196,11 +211,21 @@ def run(
 
 
 def resume(
-    job_id: str, grid: Grid, *, dask_client: Any = None, workers: int | None = None, progress: bool = True
+    job_id: str,
+    grid: Grid,
+    *,
+    dask_client: Any = None,
+    workers: int | None = None,
+    progress: bool = True,
+    commit_timeout: float | None = None,
 ) -> JobResult:
-    """Continues job `job_id` from its log in `grid` after its driver died: map tasks the log committed are not run
-    again (their output is in the intermediate table); the rest of the job runs as `run` would."""
+    """Continues job `job_id` from its log in `grid` after its driver died or its commit timed out
+    (`CommitPending`): map tasks the log committed are not run again (their output is in the intermediate table);
+    the rest of the job runs as `run` would. A job that had done all its work only seals and switches its output
+    version. `commit_timeout`: as for `run` (None: the job's own)."""
     t0 = time.perf_counter()
+    if commit_timeout is not None and not commit_timeout >= 0:
+        raise ValueError(f"commit_timeout must be a number of seconds >= 0, got {commit_timeout!r}")
     jlog = JobLog(dataclasses.replace(grid.config, ack="all"), job_id)
     if not jlog.exists():
         raise TableNotFound(f"no job {job_id!r} on this grid (its log table {jlog.log_name!r} does not exist)")
@@ -208,9 +233,15 @@ def resume(
     state = jlog.state()
     if state == "done":
         raise RamgridError(f"job {job_id!r} has finished already")
+    if commit_timeout is not None:
+        spec = dataclasses.replace(spec, extra={**spec.extra, "commit_timeout": float(commit_timeout)})
     committed = jlog.committed_maps(len(spec.splits))
     summary = Summary(job_id=job_id, map_tasks=len(spec.splits), maps_resumed=len(committed))
     summary.phases["plan"] = time.perf_counter() - t0
+    if state == "commit" and spec.output is not None:
+        log.info("job %s resumed at its commit: sealing and switching version %d", job_id, spec.output_version)
+        _add_counts(summary, committed)
+        return _finish(spec, jlog, summary, None, t0)
     log.info("job %s resumed: %d of %d map tasks committed", job_id, len(committed), len(spec.splits))
     with engine_for(dask_client, workers, grid.servers) as engine:
         return _drive(spec, jlog, engine, summary, committed, progress, t0)
@@ -347,8 +378,10 @@ def _drive(
         return place_map_task(spec.splits[t].owners, attempt, load_by_server)
 
     def submit_map(t: int, attempt: int, ack: str) -> Any:
-        # A speculative second copy is a second attempt: it writes its own keys.
-        return engine.submit(map_task, spec, t, attempt, ack, where=where_map(t, attempt), name="map")
+        # A speculative second copy is a second attempt: it writes its own keys. The task reads its partition from
+        # the replica it is placed beside (`where` goes to the engine as the locality hint and to the task).
+        where = where_map(t, attempt)
+        return engine.submit(map_task, spec, t, attempt, ack, where, where=where, name="map")
 
     def map_done(t: int, rec: dict[str, Any]) -> None:
         if rec.get("degraded") and runner.ack != "one":
@@ -361,17 +394,31 @@ def _drive(
     with Progress(f"map {spec.job_id}", len(spec.splits), progress, done=len(committed)) as prog:
         runner.run(todo, submit_map, map_done, copies=2 if spec.extra.get("speculative") else 1, prog=prog)
     summary.map_runs = runner.runs
-    for rec in committed.values():
-        summary.records_in += rec["records"]
-        summary.pairs_out += rec["pairs"]
-        summary.pairs_combined += rec["combined"]
-        summary.bytes_shuffled += rec["bytes"]
+    force_dirty = False
+    weak = sorted(t for t, rec in committed.items() if rec.get("ack") == "one")
+    if weak and _came_back(g, spec.job_id, f"{len(weak)} map tasks"):
+        runner.ack = "all"
+
+        def again(t: int) -> Any:
+            a = committed[t]["attempt"]  # the same keys and values, written again to every replica
+            where = place_map_task(spec.splits[t].owners, a, load_by_server)
+            return engine.submit(map_task, spec, t, a, "all", where, where=where, name="map")
+
+        for t, rec in _again_at_all(engine, weak, again, runner.max_attempts).items():
+            jlog.commit_map(t, rec)
+            committed[t] = rec
+        summary.rewritten += len(weak)
+        if spec.merge is not None:
+            # Merges made at ack=one may be missing on the server that came back: rebuild from the shuffle.
+            jlog.mark_dirty()
+            force_dirty = True
+    _add_counts(summary, committed)
     summary.phases["map"] = time.perf_counter() - t_map
 
     # Reduce phase: skipped when the store merged every task's output exactly once.
     t_red = time.perf_counter()
     merge = spec.merge is not None
-    dirty = merge and (jlog.dirty() or any(r.get("merge") == "dirty" for r in committed.values()))
+    dirty = merge and (force_dirty or jlog.dirty() or any(r.get("merge") == "dirty" for r in committed.values()))
     result: dict[Any, Any] | None = None
     writer: VersionWriter | None = None
     if spec.output is not None:
@@ -384,21 +431,109 @@ def _drive(
             summary.rebuilt = True
             log.warning("job %s: merges were partial or doubled; rebuilding the output from the shuffle", spec.job_id)
             if writer is not None:
+                # A new version needs every server, as the commit does: wait for one that is down as it would.
+                deadline = time.monotonic() + _commit_timeout(spec)
+                if wait_whole(g, deadline, "rebuilding its output", spec.job_id, jlog.note_waiting) > 0:
+                    # The cluster is whole again: the rebuild writes at ack=all, once the clients' probers (every
+                    # 500 ms, client rule 4) have seen the server back, so no write skips it as down.
+                    time.sleep(_PROBE_GRACE)
+                    runner.ack = "all"
                 writer.abort()
                 writer = VersionWriter(g, spec.output or "").begin()
                 spec = dataclasses.replace(spec, output_version=writer.version, merge_version=writer.version)
                 jlog.put_spec(spec)
         result = _reduce(spec, jlog, engine, runner, committed, summary, progress, writer is not None and not dirty)
     summary.phases["reduce"] = time.perf_counter() - t_red
-
-    # Commit.
-    t_commit = time.perf_counter()
-    version = None
-    if writer is not None:
-        version = writer.commit()
-        result = None
+    if spec.output is not None:
+        jlog.set_state("commit")  # all work done: a resume only seals and switches
     elif merge and not dirty:
         result = _read_merged(g, spec.merge_target, key_kinds)
+    return _finish(spec, jlog, summary, result, t0)
+
+
+def _add_counts(summary: Summary, committed: dict[int, dict[str, Any]]) -> None:
+    for rec in committed.values():
+        summary.records_in += rec["records"]
+        summary.pairs_out += rec["pairs"]
+        summary.pairs_combined += rec["combined"]
+        summary.bytes_shuffled += rec["bytes"]
+
+
+# Longer than a client's probe interval plus a probe's timeout (docs/ARCHITECTURE.md, the cluster client, rule 4).
+_PROBE_GRACE = 1.0
+
+
+def _came_back(g: Grid, job_id: str, what: str) -> bool:
+    """Whether every server answers, after some of the job's writes of this phase were made at ack=one (a server was
+    down). A server that came back copied its partitions from a replica, but a write its clients sent while they
+    still counted it down (until their probe answered) may have reached the replica after the copy: the server then
+    lacks it (docs/ARCHITECTURE.md, "Membership and repair", what ack promises). So those writes are made again, at
+    ack=all; once the clients' probers have seen the server (a probe interval), none skips it."""
+    try:
+        status = g.status()
+    except RamgridError:
+        return False
+    if not all(st.get("ok") for st in status):
+        return False  # still down: when it comes back it copies writes made until then (the job waits for it)
+    log.warning(
+        "job %s: %s wrote at ack=one while a server was down, and every server answers again: they run again at "
+        "ack=all so that the server that came back holds their writes",
+        job_id,
+        what,
+    )
+    time.sleep(_PROBE_GRACE)
+    return True
+
+
+def _again_at_all(
+    engine: ThreadEngine | DaskEngine, tasks: list[int], submit: Callable[[int], Any], max_attempts: int
+) -> dict[int, dict[str, Any]]:
+    """Runs `submit(t)` for each task and waits; a task that fails is run again (a probe interval later) up to
+    `max_attempts` times, never at a lower ack: the point is that every replica takes its writes."""
+    out: dict[int, dict[str, Any]] = {}
+    todo = list(tasks)
+    for round_ in range(max_attempts):
+        futures = {submit(t): t for t in todo}
+        failed: list[int] = []
+        try:
+            for f in engine.as_completed(list(futures)):
+                try:
+                    out[futures[f]] = f.result()
+                except RamgridError:
+                    if round_ == max_attempts - 1:
+                        raise
+                    failed.append(futures[f])
+        except BaseException:
+            engine.cancel(list(futures))
+            raise
+        if not failed:
+            break
+        todo = failed
+        time.sleep(_PROBE_GRACE)
+    return out
+
+
+def _commit_timeout(spec: JobSpec) -> float:
+    return float(spec.extra.get("commit_timeout", DEFAULT_COMMIT_TIMEOUT))
+
+
+def _finish(
+    spec: JobSpec,
+    jlog: JobLog,
+    summary: Summary,
+    result: dict[Any, Any] | None,
+    t0: float,
+) -> JobResult:
+    """Commits the job: seals and switches the output version (waiting, bounded, for every server), then drops the
+    job's tables."""
+    g = Grid(spec.config)
+    t_commit = time.perf_counter()
+    version = None
+    if spec.output is not None:
+        commit_output(g, spec.output, spec.output_version, spec.job_id, _commit_timeout(spec), jlog.note_waiting)
+        version = spec.output_version
+        result = None
+        log.info("job %s: version %d of %s is current", spec.job_id, version, spec.output)
     jlog.set_state("done")
     if not spec.keep_intermediate:
         for name in (spec.intermediate, spec.merge_target if spec.output is None else ""):
@@ -435,14 +570,28 @@ def _reduce(
         where = owners[r][attempt % len(owners[r])] if owners[r] else None
         return engine.submit(reduce_task, spec, r, per_r[r], ack, where=where, name="reduce")
 
+    weak: list[int] = []
+
     def done(r: int, rec: dict[str, Any]) -> None:
         if "result" in rec:
             out.update(rec["result"])
         elif spec.output is not None:
             jlog.reduce_done(r, {"pairs_out": rec["pairs_out"]})
+            if rec.get("ack") == "one":
+                weak.append(r)
 
     with Progress(f"reduce {spec.job_id}", R, progress, done=R - len(todo)) as prog:
         runner.run(todo, submit, done, prog=prog)
+    if weak and _came_back(Grid(spec.config), spec.job_id, f"{len(weak)} reduce tasks"):
+        runner.ack = "all"
+
+        def again(r: int) -> Any:
+            return engine.submit(
+                reduce_task, spec, r, per_r[r], "all", where=owners[r][0] if owners[r] else None, name="reduce"
+            )
+
+        _again_at_all(engine, sorted(weak), again, runner.max_attempts)  # plain puts: the same values again
+        summary.rewritten += len(weak)
     return out if spec.output is None else None
 
 

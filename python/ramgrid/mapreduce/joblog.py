@@ -1,7 +1,9 @@
 """The job log: what a MapReduce job has done, kept in two small replicated grid tables so that a driver that dies
 can be replaced (`ramgrid.mapreduce.resume`), as Horcrux kept its job's commit log in Kafka.
 
-`<job>.log` (bytes): "spec" (the pickled JobSpec), "state" ("map", "reduce", "done", "failed"), "map/<t>" (the
+`<job>.log` (bytes): "spec" (the pickled JobSpec), "state" ("map", "reduce", "commit": all
+work done, the output version is to be sealed and switched, "done"), "waiting" (the servers the driver last waited
+for at its commit, down or repairing), "map/<t>" (the
 committed attempt of map task t with its counts: written by the driver when the first attempt of t succeeds, never
 changed after), "reduce/<r>" (a reduce partition whose output was written to the output table).
 
@@ -95,6 +97,14 @@ class JobLog:
     def state(self) -> str | None:
         (s,) = self._get_many(["state"])
         return None if s is None else str(s)
+
+    def note_waiting(self, servers: list[str]) -> None:
+        """The driver waits for these servers (down or repairing) before it can switch the output version."""
+        self._put("waiting", list(servers))
+
+    def waiting(self) -> list[str]:
+        (w,) = self._get_many(["waiting"])
+        return [] if w is None else list(w)
 
     def commit_map(self, task: int, record: dict[str, Any]) -> None:
         self._put(f"map/{task}", record)

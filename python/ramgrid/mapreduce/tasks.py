@@ -31,12 +31,14 @@ _READ_BLOCK = 8 << 20
 # reading a split
 
 
-def _batches(spec: JobSpec, split: Any) -> Iterator[Any]:
+def _batches(spec: JobSpec, split: Any, where: str | None = None) -> Iterator[Any]:
     """The split's input, a batch at a time: (keys, values) scan chunks of a table partition, text blocks of whole
-    lines (bytes), or Parquet row groups (pyarrow tables)."""
+    lines (bytes), or Parquet row groups (pyarrow tables). A table partition is read from the replica on server
+    `where` (the one the task was placed beside) where every replica holds it, failing over as any read does."""
     if isinstance(split, TableSplit):
         t = PinnedTable(Grid(spec.config), split.table, split.version, split.incarnation)
-        with t.scan(partitions=(split.partition, split.partition + 1)) as chunks:
+        prefer = where if where in split.owners else None
+        with t.scan(partitions=(split.partition, split.partition + 1), prefer=prefer) as chunks:
             yield from chunks
         return
     assert isinstance(split, FileSplit)
@@ -144,15 +146,16 @@ def _key_kind(d: dict[Any, Any]) -> str:
 # the map task
 
 
-def map_task(spec: JobSpec, task: int, attempt: int, ack: str) -> dict[str, Any]:
-    """Runs map task `task` (attempt `attempt`), writing at acknowledgement level `ack`. Returns its record for the
-    job log: the chunks it wrote per reduce partition, its counts, and how its merges went."""
+def map_task(spec: JobSpec, task: int, attempt: int, ack: str, where: str | None = None) -> dict[str, Any]:
+    """Runs map task `task` (attempt `attempt`), writing at acknowledgement level `ack`; `where` is the server it was
+    placed beside, whose replica of a table partition it reads. Returns its record for the job log: the chunks it
+    wrote per reduce partition, its counts, and how its merges went."""
     t0 = time.perf_counter()
     spec = replace(spec, config=replace(spec.config, ack=ack))
     split = spec.splits[task]
     comb = _Combiner(spec)
     records = 0
-    for batch in _batches(spec, split):
+    for batch in _batches(spec, split, where):
         if spec.vectorised:
             records += _count_records(split, batch)
             out = spec.mapper(*batch) if isinstance(split, TableSplit) else spec.mapper(batch)
@@ -208,6 +211,7 @@ def map_task(spec: JobSpec, task: int, attempt: int, ack: str) -> dict[str, Any]
         "bytes": shuffled,
         "merge": merge,
         "degraded": degraded,
+        "ack": spec.config.ack,  # the level its writes were acknowledged at ("one": a replica may lack them)
         "key_kind": _key_kind(combined),
         "map_s": t_map,
         "seconds": time.perf_counter() - t0,
@@ -289,7 +293,7 @@ def reduce_task(spec: JobSpec, r: int, committed: dict[int, tuple[int, int]], ac
         reducer = spec.reducer
         assert callable(reducer)
         acc = {k: reducer(k, vs) for k, vs in acc.items()}
-    out: dict[str, Any] = {"r": r, "pairs_in": pairs, "pairs_out": len(acc), "seconds": 0.0}
+    out: dict[str, Any] = {"r": r, "pairs_in": pairs, "pairs_out": len(acc), "seconds": 0.0, "ack": ack}
     if spec.output is not None and spec.output_version:
         if acc:
             part = VersionPart(Grid(spec.config), spec.output, spec.output_version)

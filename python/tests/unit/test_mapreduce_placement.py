@@ -16,7 +16,8 @@ def test_a_skewed_table_spreads_its_maps_over_the_replicas() -> None:
     # Primaries only would give A all 12; balanced, no server runs more than its fair share plus one.
     assert placed["A"] <= 12 // 3 + 1 and placed["B"] > 0 and placed["C"] > 0, placed
     assert sum(placed.values()) == 12
-    # Every task runs on one of its own partition's replicas (so it reads from a local server).
+    # Every task runs on one of its own partition's replicas, and its scan prefers that replica, so it reads from
+    # the server it was placed beside (counted per server in tests/integration/test_mapreduce_local_reads.py).
     load = {}
     assert all(place_map_task(o, 0, load) in o for o in owners)
 
