@@ -272,9 +272,16 @@ impl Scan {
     /// spread the read: a pinned version confirmed sealed, or a client writing with `ack = all`);
     /// otherwise the scan asks the primary first, as without it. Failover is unchanged: a
     /// preferred server that is down, slow, repairing or not a replica of the partition is passed
-    /// over for the next replica. Refused when `addr` is not a server of the cluster.
+    /// over for the next replica. Refused when `addr` is not a server of the cluster (as the
+    /// servers' spec has it: a client that does not know the server yet, one added since it was
+    /// made, asks for the spec first).
     pub fn prefer(mut self, addr: &str) -> Result<Scan> {
-        if !self.client.topology().pools.iter().any(|p| p.addr == addr) {
+        let known = |c: &Client| c.topology().pools.iter().any(|p| p.addr == addr);
+        if !known(&self.client) {
+            // A failed refresh leaves the view as it was: the refusal below then stands.
+            let _ = self.client.refresh_spec();
+        }
+        if !known(&self.client) {
             return Err(Error::InvalidArgument(format!(
                 "prefer={addr:?} is not a server of the cluster"
             )));

@@ -131,6 +131,15 @@ fn a_scan_reads_the_replica_it_prefers_where_every_replica_holds_the_data() {
         assert_eq!(scan_pages(&one, io) - before, 1, "partition {p}");
     }
 
+    // A client that knows one server only (its seed) learns the others from the servers' spec
+    // before it decides whether the one it prefers is a member.
+    let p = (0..PARTS)
+        .find(|&p| !owners[p as usize].contains(&addrs[0]))
+        .expect("a partition server 0 does not hold");
+    let seeded = Client::new(ramgrid_client::ClientConfig::new(vec![addrs[0].clone()])).unwrap();
+    let other = &owners[p as usize][1];
+    assert_eq!(scan_values(&seeded, "t", 0, p, other), want[p as usize]);
+
     // Bad input: a server that is not a member.
     let e = c
         .scan("t", 0, 0, None, ScanOptions::default())

@@ -29,6 +29,23 @@ pub fn server_binary() -> PathBuf {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
         cmd.args(["build", "--quiet", "-p", "ramgrid-server"]);
+        // As a build from the shell: cargo sets CARGO_MANIFEST_DIR, CARGO_PKG_NAME and the like
+        // for this test, and a dependency's build script that watches them (ring's) would
+        // otherwise make this build and the next plain one rebuild half the tree each.
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy();
+            let per_package = [
+                "CARGO_PKG_",
+                "CARGO_MANIFEST_",
+                "CARGO_CRATE_",
+                "CARGO_BIN_",
+            ]
+            .iter()
+            .any(|p| k.starts_with(p));
+            if per_package || k == "CARGO_PRIMARY_PACKAGE" || k == "CARGO_TARGET_TMPDIR" {
+                cmd.env_remove(k.as_ref());
+            }
+        }
         if dir.file_name().is_some_and(|n| n == "release") {
             cmd.arg("--release");
         }
