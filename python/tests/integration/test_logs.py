@@ -74,20 +74,28 @@ def test_the_server_logs_each_event_as_one_json_line(start_server: Callable[...,
         # Past --max-conns: refused connections are logged, at most a line a second, with their count.
         g.close()
         held = [socket.create_connection((server.host, server.port), timeout=5) for _ in range(4)]
+        extra: list[socket.socket] = []
         try:
-            extra = []
             for _ in range(20):
-                c = socket.create_connection((server.host, server.port), timeout=5)
-                extra.append(c)
+                extra.append(socket.create_connection((server.host, server.port), timeout=5))
+            refused = 0
             for c in extra:
-                assert c.recv(100).startswith(b"SERVER_ERROR too many open connections")
-                c.close()
+                c.settimeout(5)
+                try:
+                    reply = c.recv(100)
+                except TimeoutError:
+                    # Admitted: the server still counted a connection of the closed grid client when one of
+                    # `held` came (that one was refused), and let it go since. At most 4 such.
+                    continue
+                assert reply.startswith(b"SERVER_ERROR too many open connections"), reply
+                refused += 1
+            assert refused >= len(extra) - len(held), refused
             limits = _wait_for(server, "connections refused: --max-conns reached")
             assert limits and limits[0]["fields"]["max_conns"] == 4
             # Twenty refusals within a second or two give a line or a few, not twenty.
             assert len(limits) <= 3 and limits[0]["fields"]["refused"] >= 1
         finally:
-            for c in held:
+            for c in held + extra:
                 c.close()
     finally:
         server.stop()
