@@ -324,12 +324,13 @@ impl Client {
                         .join("; "),
                 ),
             };
-            retried += refused.len() as u32;
+            // Every partition still unanswered is asked again: those refused one by one, and those
+            // of a frame refused whole for a stale map (which no `refused` entry names).
+            let missing: Vec<u32> = (0..n as u32)
+                .filter(|&p| partials[p as usize].is_none())
+                .collect();
+            retried += missing.len() as u32;
             if attempt >= self.inner.spec_retries {
-                let mut missing: Vec<u32> = (0..n as u32)
-                    .filter(|&p| partials[p as usize].is_none())
-                    .collect();
-                missing.sort_unstable();
                 return Err(Error::PartitionsUnavailable {
                     partitions: missing,
                     detail: format!(

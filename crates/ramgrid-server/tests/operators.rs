@@ -356,6 +356,36 @@ fn an_epoch_change_during_a_pass_refuses_the_partition_and_only_it_is_asked_agai
 }
 
 #[test]
+fn partitions_of_a_frame_refused_whole_for_a_stale_map_count_as_asked_again() {
+    let _g = HOOK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let (servers, c) = cluster(2);
+    c.create_table("t", 8, 2, ValueType::F64).unwrap();
+    let keys: Vec<i64> = (0..1000).collect();
+    let xs: Vec<f64> = keys.iter().map(|&k| k as f64).collect();
+    c.put("t", Keys::I64(&keys), ValuesRef::F64(&xs), 0)
+        .unwrap();
+    // Another epoch installed before the operator: every frame is refused before any pass (as a
+    // server whose frame arrives after a change made during another server's pass).
+    let addrs: Vec<String> = servers.iter().map(|s| s.local_addr().to_string()).collect();
+    let swapped =
+        ClusterSpec::parse(&format!("server {}\nserver {}\n", addrs[1], addrs[0])).unwrap();
+    for s in &servers {
+        s.native().install_spec(swapped.clone()).unwrap();
+    }
+    let a = c
+        .run_op("t", 0, 0, &OpSpec::Count { predicate: None })
+        .unwrap();
+    assert_eq!(
+        a.result,
+        OpResult::Count {
+            matched: 1000,
+            scanned: 1000
+        }
+    );
+    assert_eq!(a.retried, 8, "every partition was asked again");
+}
+
+#[test]
 fn a_partition_that_keeps_being_refused_is_named_in_the_error() {
     let _g = HOOK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     install_hook();
