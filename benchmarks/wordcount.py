@@ -45,21 +45,21 @@ def stage(src: Path, dest: Path, limit_mb: int) -> int:
 
 
 def _count_range(args: tuple[str, int, int]) -> Counter[str]:
-    from ramgrid.load import _iter_range
+    from ramgrid.splits import iter_range
 
     path, start, end = args
     c: Counter[str] = Counter()
-    for piece, _ in _iter_range(path, start, end, 8 << 20):
+    for piece, _ in iter_range(path, start, end, 8 << 20):
         c.update(piece.decode("utf-8", errors="replace").split())
     return c
 
 
 def floor(path: Path, chunk: int, procs: int) -> tuple[dict[str, int], dict[str, float]]:
     """Each process counts its byte ranges with the same tokeniser; the parent merges the Counters."""
-    from ramgrid.load import plan_tasks
+    from ramgrid.splits import plan_splits
 
     t0 = time.perf_counter()
-    tasks = [(t.path, t.start, t.end) for t in plan_tasks(path, chunk_bytes=chunk)]
+    tasks = [(t.path, t.start, t.end) for t in plan_splits(path, chunk_bytes=chunk)]
     total: Counter[str] = Counter()
     with get_context("fork").Pool(procs) as pool:
         parts = pool.map(_count_range, tasks)

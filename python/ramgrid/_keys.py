@@ -39,7 +39,7 @@ def _is_arrow(obj: Any) -> bool:
 def convert_keys(keys: Any) -> NativeKeys:
     """Returns `keys` in a form `_native.Client` accepts.
 
-    - list / tuple of str, bytes or int: passed through (a tuple becomes a list).
+    - list / tuple of str, bytes or int (numpy integer scalars count as ints): passed through (a tuple becomes a list).
     - numpy integer array: int64 (other integer dtypes are converted; a negative value in an unsigned array
       cannot occur, and uint64 values above 2**63-1 are refused rather than wrapped).
     - numpy 'S' (bytes) or 'U' (str) array: packed `(offsets, data)`, trailing NUL padding removed.

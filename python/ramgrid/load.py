@@ -27,13 +27,14 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Union
 
 import numpy as np
 
+from ramgrid import splits
 from ramgrid._gzip import gunzip
 from ramgrid._types import parse_value_type, spell_value_type
 from ramgrid.engines import DaskEngine, ThreadEngine, engine_for
@@ -55,15 +56,14 @@ __all__ = [
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-_TEXT_SUFFIXES = {".txt": "text", ".tsv": "tsv", ".tab": "tsv", ".csv": "csv", "": "text"}
-_PARQUET_SUFFIXES = {".parquet", ".pq"}
-_FORMATS = ("text", "tsv", "csv", "parquet")
+# The tasks a load is cut into: its input's splits (exposed for tests and for sizing `chunk_bytes`).
+plan_tasks = splits.plan_splits
+
 _INFER_ROWS = 1000
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 log = logging.getLogger("ramgrid.load")
 
 _MAX_BAD_SAMPLES = 10
-_GZIP_MAGIC = b"\x1f\x8b"
 # The client refuses a whole batch with a longer key, so such a key is caught here, as a bad line.
 MAX_KEY_BYTES = 65535
 
@@ -103,7 +103,7 @@ class LoadReport:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# options and tasks (plain picklable data: they travel to Dask workers)
+# options and targets (plain picklable data: they travel to Dask workers, with the tasks' splits)
 
 
 @dataclass(frozen=True)
@@ -118,17 +118,6 @@ class _Options:
     batch_rows: int
     read_block: int
     inferred_from: str  # non-empty when value_type was inferred: a hint for error messages
-
-
-@dataclass(frozen=True)
-class _Task:
-    kind: str  # "range" (plain text byte range), "stream" (whole compressed text file), "parquet" (one row group)
-    path: str
-    fmt: str
-    start: int = 0
-    end: int = 0
-    row_group: int = 0
-    size: int = 0  # input bytes this task accounts for
 
 
 @dataclass(frozen=True)
@@ -148,184 +137,6 @@ class _TaskResult:
 
 class _Cancelled(Exception):
     """Another task failed; this one stops between batches."""
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# planning
-
-
-def _format_of(path: Path, fmt: str | None) -> str:
-    if fmt is not None:
-        return fmt
-    name = path.name.lower()
-    name = name.removesuffix(".gz")
-    suffix = Path(name).suffix
-    if suffix in _PARQUET_SUFFIXES:
-        return "parquet"
-    if suffix in _TEXT_SUFFIXES:
-        return _TEXT_SUFFIXES[suffix]
-    raise ValueError(
-        f"cannot tell the format of {path} from its name: pass format= one of {', '.join(_FORMATS)} "
-        "(.txt/.tsv/.csv[.gz], .parquet, or no suffix for tab-separated text)"
-    )
-
-
-def _input_files(path: Path, fmt: str | None) -> list[tuple[Path, str]]:
-    if path.is_dir():
-        # Hidden files and Hadoop/Spark markers (_SUCCESS, _metadata) are not data.
-        entries = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith((".", "_")))
-        if not entries:
-            raise LoadError.at(str(path), None, "directory holds no data files")
-        return [(p, _format_of(p, fmt)) for p in entries]
-    if not path.exists():
-        raise LoadError.at(str(path), None, "no such file or directory")
-    if not path.is_file():
-        raise LoadError.at(str(path), None, "not a regular file or directory")
-    return [(path, _format_of(path, fmt))]
-
-
-def _is_gzip(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == _GZIP_MAGIC
-
-
-def plan_tasks(path: PathLike, *, format: str | None = None, chunk_bytes: int = 64 << 20) -> list[_Task]:
-    """The tasks a load of `path` is cut into (exposed for tests and for sizing `chunk_bytes`)."""
-    if format is not None and format not in _FORMATS:
-        raise ValueError(f"format must be one of {', '.join(_FORMATS)}, got {format!r}")
-    if chunk_bytes < 1:
-        raise ValueError("chunk_bytes must be >= 1")
-    tasks: list[_Task] = []
-    for p, fmt in _input_files(Path(path), format):
-        try:
-            size = p.stat().st_size
-            if fmt == "parquet":
-                tasks.extend(_parquet_tasks(p, size))
-            elif size and _is_gzip(p):
-                tasks.append(_Task("stream", str(p), fmt, 0, size, size=size))
-            else:
-                starts = range(0, max(size, 1), chunk_bytes)
-                tasks.extend(
-                    _Task("range", str(p), fmt, s, min(s + chunk_bytes, size), size=min(chunk_bytes, size - s))
-                    for s in starts
-                )
-        except OSError as e:
-            raise LoadError.at(str(p), None, f"cannot read: {e.strerror or e}") from None
-    return tasks
-
-
-def _parquet_tasks(p: Path, size: int) -> list[_Task]:
-    pq = _parquet()
-    if size and _is_gzip(p):
-        raise LoadError.at(
-            str(p), None, "is gzip-compressed: Parquet files are read as they are (Parquet compresses its own pages)"
-        )
-    try:
-        meta = pq.ParquetFile(str(p)).metadata
-    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError, its I/O errors OSErrors
-        raise LoadError.at(str(p), None, f"not a readable Parquet file: {e}") from None
-    total = max(1, meta.num_rows)
-    n = meta.num_row_groups
-    return [
-        _Task("parquet", str(p), "parquet", row_group=i, size=size * meta.row_group(i).num_rows // total)
-        for i in range(n)
-    ]
-
-
-def _parquet() -> Any:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as e:
-        raise ImportError("loading Parquet needs pyarrow: pip install pyarrow") from e
-    return pq
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# reading text: whole lines from a byte range or a compressed stream
-
-
-def _iter_range(path: str, start: int, end: int, block: int) -> Iterator[tuple[bytes, int]]:
-    """Yields (data, offset) pieces made of whole lines: those that start in [start, end). A range that does not
-    begin a file skips the line it begins in: that line belongs to the range where it starts."""
-    with open(path, "rb") as f:
-        pos = start
-        if start > 0:
-            f.seek(start - 1)
-            while True:
-                piece = f.read(min(block, 1 << 16))
-                if not piece:
-                    return
-                nl = piece.find(b"\n")
-                if nl >= 0:
-                    pos += nl
-                    break
-                pos += len(piece)
-            f.seek(pos)
-        buf = b""
-        while pos + len(buf) < end or (buf and pos < end):
-            data = f.read(block)
-            if not data:
-                if buf:
-                    yield buf, pos
-                return
-            buf += data
-            limit = end - pos  # the lines starting at buf[:limit] are ours
-            if len(buf) >= limit:
-                nl = buf.find(b"\n", limit - 1)
-                if nl >= 0:
-                    yield buf[: nl + 1], pos
-                    return
-                continue
-            cut = buf.rfind(b"\n")
-            if cut >= 0:
-                yield buf[: cut + 1], pos
-                pos += cut + 1
-                buf = buf[cut + 1 :]
-
-
-def _iter_stream(path: str, block: int) -> Iterator[tuple[bytes, int]]:
-    """Yields (data, compressed bytes consumed so far) pieces of whole lines of a gzip file, about `block` bytes
-    each. Each piece is held back until the next is known, so that the last one carries the file's whole size
-    (progress then adds up to it)."""
-    size = os.path.getsize(path)
-    held: tuple[bytes, int] | None = None
-    parts: list[bytes] = []
-    have = 0
-    for data, mark in gunzip(path, block):
-        parts.append(data)
-        have += len(data)
-        if have < block:
-            continue
-        buf = b"".join(parts)
-        cut = buf.rfind(b"\n")
-        if cut < 0:  # a line longer than a block: read on
-            parts = [buf]
-            continue
-        if held is not None:
-            yield held
-        held, rest = (buf[: cut + 1], mark), buf[cut + 1 :]
-        parts, have = [rest], len(rest)
-    buf = b"".join(parts)
-    if buf:
-        if held is not None:
-            yield held
-        held = (buf, size)
-    if held is not None:
-        yield held[0], size
-
-
-def _lines_before(path: str, offset: int) -> int:
-    """Lines that end before byte `offset` of a plain file (only needed to name a line in a message)."""
-    n = 0
-    with open(path, "rb") as f:
-        left = offset
-        while left > 0:
-            data = f.read(min(left, 8 << 20))
-            if not data:
-                break
-            n += data.count(b"\n")
-            left -= len(data)
-    return n
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -508,7 +319,7 @@ class _TaskRun:
         self,
         target: _Target,
         opts: _Options,
-        task: _Task,
+        task: splits.FileSplit,
         progress: Callable[[int, int], None] | None,
         cancel: threading.Event | None,
     ) -> None:
@@ -527,7 +338,7 @@ class _TaskRun:
     def line_base(self, lines_in_task: int) -> int:
         """Absolute number of lines before a piece, given the lines this task saw before it."""
         if self._line_base is None:
-            self._line_base = _lines_before(self.task.path, self.first_line_offset)
+            self._line_base = splits.lines_before(self.task.path, self.first_line_offset)
         return self._line_base + lines_in_task
 
     def bad(self, line: int | None, reason: str) -> None:
@@ -583,7 +394,7 @@ def _is_fatal(reason: str) -> bool:
 def _run_task(
     target: _Target,
     opts: _Options,
-    task: _Task,
+    task: splits.FileSplit,
     progress: Callable[[int, int], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> _TaskResult:
@@ -601,10 +412,7 @@ def _run_task(
 
 def _run_text(run: _TaskRun) -> None:
     task, opts = run.task, run.opts
-    if task.kind == "stream":
-        pieces: Iterator[tuple[bytes, int]] = _iter_stream(task.path, opts.read_block)
-    else:
-        pieces = _iter_range(task.path, task.start, task.end, opts.read_block)
+    pieces = splits.text_pieces(task, opts.read_block)
     lines_seen = 0
     consumed = 0
     first = True
@@ -666,7 +474,7 @@ def _run_parquet(run: _TaskRun) -> None:
     import pyarrow as pa
 
     task, opts = run.task, run.opts
-    pf = _parquet().ParquetFile(task.path)
+    pf = splits.parquet().ParquetFile(task.path)
     meta = pf.metadata
     row0 = sum(meta.row_group(i).num_rows for i in range(task.row_group))
     kname, vname = _parquet_columns(pf.schema_arrow, opts, task.path)
@@ -687,7 +495,7 @@ def _run_parquet(run: _TaskRun) -> None:
         run.progress(stored, task.size)
 
 
-def _damaged_row_group(pf: Any, task: _Task, names: tuple[str, str], e: BaseException) -> LoadError:
+def _damaged_row_group(pf: Any, task: splits.FileSplit, names: tuple[str, str], e: BaseException) -> LoadError:
     """The LoadError for a row group that pyarrow could not read (a corrupt or truncated compressed page): it names
     the column chunk that fails when read alone and the compressed byte range it occupies in the file."""
     import pyarrow as pa
@@ -830,7 +638,7 @@ def infer_value_type(
     """The value type of the first rows of the first file: "i64" if every value is an integer, "f64" if every value
     is a number, else "bytes". For Parquet, from the value column's type (a fixed-size float list gives
     ("f32vec", dim))."""
-    files = _input_files(Path(path), format)
+    files = splits.input_files(Path(path), format)
     p, fmt = files[0]
     if fmt == "parquet":
         return _infer_parquet(p, key_column, value_column)
@@ -852,7 +660,7 @@ def infer_value_type(
 
 def _head_lines(p: Path, n: int) -> bytes:
     try:
-        if _is_gzip(p):
+        if splits.is_gzip(p):
             out, lines = [], 0
             for data, _ in gunzip(str(p), 1 << 16):
                 out.append(data)
@@ -875,7 +683,7 @@ def _head_lines(p: Path, n: int) -> bytes:
 def _infer_parquet(p: Path, key_column: Any, value_column: Any) -> str | tuple[str, int]:
     import pyarrow as pa
 
-    pf = _parquet().ParquetFile(str(p))
+    pf = splits.parquet().ParquetFile(str(p))
     opts = _text_options("parquet", None, key_column, value_column, "bytes", "str", False, True, 1, 1, "")
     _, vname = _parquet_columns(pf.schema_arrow, opts, str(p))
     t = pf.schema_arrow.field(vname).type
@@ -893,7 +701,7 @@ def _infer_key_type(path: Path, fmt: str, key_column: Any, value_column: Any) ->
         return "str"
     import pyarrow as pa
 
-    pf = _parquet().ParquetFile(str(path))
+    pf = splits.parquet().ParquetFile(str(path))
     opts = _text_options("parquet", None, key_column, value_column, "bytes", "str", False, True, 1, 1, "")
     kname, _ = _parquet_columns(pf.schema_arrow, opts, str(path))
     return "int" if pa.types.is_integer(pf.schema_arrow.field(kname).type) else "str"
@@ -1056,7 +864,7 @@ def load_table(
         raise ValueError("batch_rows must be >= 1")
     src = Path(path)
     tasks = plan_tasks(src, format=format, chunk_bytes=chunk_bytes)
-    files = _input_files(src, format)
+    files = splits.input_files(src, format)
     first_path, first_fmt = files[0]
 
     existing = _describe(grid, name)
@@ -1191,7 +999,10 @@ def _norm_type(value_type: Any) -> str:
 
 
 def _run_on_engine(
-    engine: ThreadEngine | DaskEngine, target: _Target, work: Sequence[tuple[_Options, _Task]], prog: _Progress
+    engine: ThreadEngine | DaskEngine,
+    target: _Target,
+    work: Sequence[tuple[_Options, splits.FileSplit]],
+    prog: _Progress,
 ) -> list[_TaskResult]:
     """Runs the tasks on `engine`. In-process tasks report progress as they go and stop between batches once one
     failed; remote ones report when they finish, and a running one cannot be interrupted (a write it makes after
@@ -1234,7 +1045,7 @@ def load_main(argv: Sequence[str]) -> int:
     cli._common(p, top=True)
     p.add_argument("table")
     p.add_argument("path", help="a file or a directory of files")
-    p.add_argument("--format", choices=_FORMATS, help="default: from the file names")
+    p.add_argument("--format", choices=splits.FORMATS, help="default: from the file names")
     p.add_argument("--type", dest="value_type", help="i64 | f64 | bytes (default: the table's, else inferred)")
     p.add_argument("--key-type", choices=("str", "int"), help="keys are strings (default for text) or int64")
     p.add_argument("--key-column", help="text: 0-based field index; Parquet: column name or index")

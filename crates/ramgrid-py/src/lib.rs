@@ -17,7 +17,7 @@ use numpy::{
 };
 use pyo3::exceptions::{PyKeyboardInterrupt, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use ramgrid_client::{
     parse_type, type_name, Ack, Client as RustClient, ClientConfig, Durability, Keys, Merge,
     MoveReport, TableDescription, ValueType, Values, ValuesRef,
@@ -55,6 +55,18 @@ fn sliceable<'py, T: numpy::Element, D: numpy::ndarray::Dimension>(
         .downcast_into::<numpy::PyArray<T, D>>()?)
 }
 
+/// An integer key: a Python int, or any object Python's `operator.index` takes (numpy's integer
+/// scalars, as iterating over a key array gives). None for anything else; OverflowError past i64.
+pub(crate) fn int_key(item: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
+    if item.is_instance_of::<PyInt>() {
+        return item.extract().map(Some);
+    }
+    if item.is_instance_of::<PyFloat>() || !item.hasattr(pyo3::intern!(item.py(), "__index__"))? {
+        return Ok(None);
+    }
+    item.call_method0(pyo3::intern!(item.py(), "__index__"))?.extract().map(Some)
+}
+
 impl<'py> KeyHolder<'py> {
     fn new(keys: &Bound<'py, PyAny>) -> PyResult<KeyHolder<'py>> {
         if let Ok(arr) = keys.downcast::<PyArray1<i64>>() {
@@ -84,8 +96,7 @@ impl<'py> KeyHolder<'py> {
             for item in list.iter() {
                 if item.is_instance_of::<PyString>() || item.is_instance_of::<PyBytes>() {
                     all_ints = false;
-                } else if item.is_instance_of::<PyInt>() {
-                    let v: i64 = item.extract()?;
+                } else if let Some(v) = int_key(&item)? {
                     ints.push(v.to_le_bytes());
                 } else {
                     return Err(PyTypeError::new_err(format!(
@@ -793,8 +804,7 @@ fn partition_of(key: &Bound<'_, PyAny>, partitions: u32) -> PyResult<u32> {
     if let Ok(b) = key.downcast::<PyBytes>() {
         return Ok(ramgrid_client::partition_of(b.as_bytes(), partitions));
     }
-    if key.is_instance_of::<PyInt>() {
-        let v: i64 = key.extract()?;
+    if let Some(v) = int_key(key)? {
         return Ok(ramgrid_client::partition_of(&v.to_le_bytes(), partitions));
     }
     Err(PyTypeError::new_err("key must be str, bytes or int"))

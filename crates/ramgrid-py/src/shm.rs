@@ -11,7 +11,7 @@
 use numpy::PyArray1;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyFloat, PyInt, PyString};
+use pyo3::types::{PyBytes, PyFloat, PyString};
 use ramgrid_client::{ShmReader as RustReader, ValueType, Values, CHUNK_KEYS};
 
 use crate::{values_to_py, Client, KeyHolder};
@@ -55,8 +55,8 @@ fn key_bytes<'a>(key: &'a Bound<'_, PyAny>, int: &'a mut [u8; 8]) -> PyResult<&'
     if let Ok(b) = key.downcast::<PyBytes>() {
         return Ok(b.as_bytes());
     }
-    if key.is_instance_of::<PyInt>() {
-        *int = key.extract::<i64>()?.to_le_bytes();
+    if let Some(v) = crate::int_key(key)? {
+        *int = v.to_le_bytes();
         return Ok(&int[..]);
     }
     Err(PyTypeError::new_err(format!(

@@ -25,8 +25,9 @@ from ramgrid.grid import Grid, PinnedTable, Table, VersionWriter
 from ramgrid.mapreduce.commit import DEFAULT_COMMIT_TIMEOUT, commit_output, wait_whole
 from ramgrid.mapreduce.joblog import JobLog
 from ramgrid.mapreduce.progress import Progress
-from ramgrid.mapreduce.spec import MERGE_REDUCERS, FileSplit, JobSpec, TableSplit
+from ramgrid.mapreduce.spec import MERGE_REDUCERS, JobSpec, TableSplit
 from ramgrid.mapreduce.tasks import WRITE_FAULTS, map_task, reduce_task
+from ramgrid.splits import plan_splits
 
 log = logging.getLogger("ramgrid.mapreduce")
 
@@ -97,10 +98,7 @@ def _splits(grid: Grid, input: Any, format: str | None, chunk_bytes: int) -> tup
         return tuple(
             TableSplit(pinned.name, pinned.version, pinned.incarnation, p, tuple(o)) for p, o in enumerate(owners)
         )
-    from ramgrid.load import plan_tasks
-
-    tasks = plan_tasks(Path(input), format=format, chunk_bytes=chunk_bytes)
-    return tuple(FileSplit(t.kind, t.path, t.fmt, t.start, t.end, t.row_group, t.size) for t in tasks)
+    return tuple(plan_splits(Path(input), format=format, chunk_bytes=chunk_bytes))
 
 
 def run(

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ramgrid.splits import FileSplit
 
 if TYPE_CHECKING:
     from ramgrid.grid import GridConfig
@@ -34,28 +35,6 @@ class TableSplit:
     @property
     def label(self) -> str:
         return f"{self.table}@{self.version}/p{self.partition}"
-
-
-@dataclass(frozen=True)
-class FileSplit:
-    """A byte range of a plain text file, a whole compressed text file, or one Parquet row group (as loads split
-    their input: `ramgrid.load.plan_tasks`)."""
-
-    kind: str  # "range", "stream", "parquet"
-    path: str
-    fmt: str
-    start: int = 0
-    end: int = 0
-    row_group: int = 0
-    size: int = 0
-
-    @property
-    def owners(self) -> tuple[str, ...]:
-        return ()
-
-    @property
-    def label(self) -> str:
-        return f"{Path(self.path).name}:{self.start or self.row_group}"
 
 
 Split = TableSplit | FileSplit

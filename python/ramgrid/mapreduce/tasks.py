@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ramgrid import splits
 from ramgrid.exceptions import BatchError, ConnectionFailed, PartitionsUnavailable, Timeout
 from ramgrid.grid import Grid, PinnedTable, VersionPart
 from ramgrid.mapreduce import shuffle
@@ -42,15 +43,10 @@ def _batches(spec: JobSpec, split: Any, where: str | None = None) -> Iterator[An
             yield from chunks
         return
     assert isinstance(split, FileSplit)
-    from ramgrid import load
-
     if split.kind == "parquet":
-        yield load._parquet().ParquetFile(split.path).read_row_group(split.row_group)
-    elif split.kind == "stream":
-        for piece, _ in load._iter_stream(split.path, _READ_BLOCK):
-            yield piece
+        yield splits.parquet().ParquetFile(split.path).read_row_group(split.row_group)
     else:
-        for piece, _ in load._iter_range(split.path, split.start, split.end, _READ_BLOCK):
+        for piece, _ in splits.text_pieces(split, _READ_BLOCK):
             yield piece
 
 

@@ -36,6 +36,26 @@ def test_f64_table_numpy_and_arrow(grid3: ramgrid.LocalGrid, table_name: str) ->
     assert table_name in grid3.tables()
 
 
+def test_numpy_integer_scalars_are_int_keys(grid3: ramgrid.LocalGrid, table_name: str) -> None:
+    # Iterating over a key array gives numpy scalars; each addresses the same item as the Python int.
+    t = grid3.create_table(table_name, partitions=8, value_type="f64")
+    keys = np.arange(100, dtype=np.int64) * 31
+    t.put_many(keys, keys * 0.5)
+    for k in keys[:5]:
+        assert t.get(k) == t[int(k)] == float(k) * 0.5 and k in t
+    assert t.get(np.int32(31)) == t.get(np.uint64(31)) == 15.5
+    assert t.get_many([np.int16(62), 93, np.int64(124)]).tolist() == [31.0, 46.5, 62.0]
+    t.put(np.int64(7), 3.5)
+    t[np.uint8(8)] = 4.5
+    assert t.get_many([7, 8]).tolist() == [3.5, 4.5]
+    p = t.pin()
+    assert p.get(np.int64(62)) == p[np.int32(62)] == 31.0 and np.int64(62) in p
+    with pytest.raises(TypeError, match="keys must be str, bytes or int, not float"):
+        t.get(np.float64(31.0))
+    with pytest.raises(OverflowError):
+        t.get(np.uint64(2**64 - 1))
+
+
 def test_i64_table(grid3: ramgrid.LocalGrid, table_name: str) -> None:
     t = grid3.create_table(table_name, value_type="i64")
     keys = np.array(["a", "bb", "ccc", "é"])

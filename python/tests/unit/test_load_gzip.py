@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from ramgrid import load
-from ramgrid.load import LoadError, _iter_stream
+from ramgrid.load import LoadError
+from ramgrid.splits import iter_stream
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,7 +34,7 @@ def offset_in(e: LoadError) -> int:
 
 
 def read_stream(p: Path) -> bytes:
-    return b"".join(d for d, _ in _iter_stream(str(p), 4096))
+    return b"".join(d for d, _ in iter_stream(str(p), 4096))
 
 
 def test_two_members_and_trailing_zeros_read_whole(tmp_path: Path) -> None:

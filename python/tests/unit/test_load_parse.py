@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ramgrid import load
-from ramgrid.load import LoadError, _iter_range, _iter_stream, _parse_fast, _parse_slow, _text_options
+from ramgrid.load import LoadError, _parse_fast, _parse_slow, _text_options
+from ramgrid.splits import format_of, iter_range, iter_stream
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,7 +39,7 @@ def _ranges(path: Path, chunk: int, block: int) -> list[bytes]:
     size = path.stat().st_size
     out = []
     for s in range(0, max(size, 1), chunk):
-        out.append(b"".join(d for d, _ in _iter_range(str(path), s, min(s + chunk, size), block)))
+        out.append(b"".join(d for d, _ in iter_range(str(path), s, min(s + chunk, size), block)))
     return out
 
 
@@ -63,7 +64,7 @@ def test_byte_ranges_cover_every_line_exactly_once(
 def test_range_pieces_report_their_offsets(tmp_path: Path) -> None:
     p = tmp_path / "f.txt"
     p.write_bytes(b"aa\nbbbb\ncc\ndd\n")
-    pieces = list(_iter_range(str(p), 4, 14, 3))
+    pieces = list(iter_range(str(p), 4, 14, 3))
     assert b"".join(d for d, _ in pieces) == b"cc\ndd\n"
     assert pieces[0][1] == 8  # where "cc" starts: the range began inside "bbbb", which belongs to the first range
 
@@ -72,7 +73,7 @@ def test_gzip_stream_yields_whole_lines(tmp_path: Path) -> None:
     p = tmp_path / "f.tsv.gz"
     body = b"".join(b"k%d\t%d\n" % (i, i) for i in range(5000)) + b"last\t1"
     p.write_bytes(gzip.compress(body))
-    pieces = [d for d, _ in _iter_stream(str(p), 1000)]
+    pieces = [d for d, _ in iter_stream(str(p), 1000)]
     assert b"".join(pieces) == body
     assert all(d.endswith(b"\n") for d in pieces[:-1])
 
@@ -177,10 +178,10 @@ def test_parquet_inference(tmp_path: Path) -> None:
 
 def test_formats_and_planning(tmp_path: Path) -> None:
     for name, fmt in [("a.tsv", "tsv"), ("a.txt.gz", "text"), ("b.CSV", "csv"), ("part-00000", "text")]:
-        assert load._format_of(Path(name), None) == fmt
-    assert load._format_of(Path("x.parquet"), None) == "parquet"
+        assert format_of(Path(name), None) == fmt
+    assert format_of(Path("x.parquet"), None) == "parquet"
     with pytest.raises(ValueError, match="cannot tell the format"):
-        load._format_of(Path("x.json"), None)
+        format_of(Path("x.json"), None)
     d = tmp_path / "dir"
     d.mkdir()
     (d / "b.tsv").write_bytes(b"a\t1\n" * 100)
