@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ramgrid._clients import GridConfig, client_for, release_client
 from ramgrid.exceptions import RamgridError, ServerStartError
-from ramgrid.grid import Grid, GridConfig, client_for, release_client
+from ramgrid.grid import Grid
 from ramgrid.tls import TLS
 
 if TYPE_CHECKING:

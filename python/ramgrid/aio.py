@@ -37,7 +37,7 @@ class _LoopReads:
     it, by token. The loop watches the reader's wake-up socket and settles the futures on its own thread."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, client: Any) -> None:
-        from ramgrid.grid import native
+        from ramgrid._clients import native
 
         self.client = client
         self.reader = native().AioReader(client, ASYNC_DEPTH)
@@ -140,7 +140,7 @@ def native_pipelined(
     client: Any, table: str, batches: Iterable[Any], depth: int, version: int, incarnation: int
 ) -> Iterator[tuple[Any, np.ndarray]]:
     """The native pipelined iterator over converted key batches (see `ramgrid._native.get_many_pipelined`)."""
-    from ramgrid.grid import native
+    from ramgrid._clients import native
 
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
         raise ValueError(f"depth must be an int >= 1, got {depth!r}")

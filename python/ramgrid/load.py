@@ -35,11 +35,12 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 import numpy as np
 
 from ramgrid import splits
+from ramgrid._clients import client_for
 from ramgrid._gzip import gunzip
 from ramgrid._types import parse_value_type, spell_value_type
 from ramgrid.engines import DaskEngine, ThreadEngine, engine_for
 from ramgrid.exceptions import BatchError, LoadError, RamgridError, TableNotFound
-from ramgrid.grid import Grid, Table, VersionPart, VersionWriter, client_for
+from ramgrid.grid import Grid, Table, VersionPart, VersionWriter
 
 if TYPE_CHECKING:
     from ramgrid.grid import GridConfig

@@ -102,7 +102,7 @@ class _Reduce:
             if isinstance(default, bool) or not isinstance(default, (int, float, np.floating, np.integer)):
                 raise TypeError(f"default must be a number or None, not {type(default).__name__}")
             default = float(default)
-        from ramgrid.grid import native
+        from ramgrid._clients import native
 
         values, misses, counts, version, distinct, dropped = native().lookup_reduce(
             self._client(),

@@ -232,7 +232,7 @@ def reset_worker_clients(grid_configs: Iterable[Any] = ()) -> int:
             c.close()
         n += 1
     _clients.clear()
-    from ramgrid.grid import release_client
+    from ramgrid._clients import release_client
 
     for cfg in grid_configs:
         with contextlib.suppress(Exception):

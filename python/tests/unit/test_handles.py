@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import ramgrid
-from ramgrid import grid as grid_mod
+from ramgrid import _clients as clients_mod
 from ramgrid.exceptions import KeysNotFound, RamgridError
 from ramgrid.grid import Grid, GridConfig, PinnedTable, Table
 
@@ -114,7 +114,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Any:
         return c
 
     monkeypatch.setattr(GridConfig, "make_client", make)
-    monkeypatch.setattr(grid_mod, "_registry", grid_mod._Registry())
+    monkeypatch.setattr(clients_mod, "_registry", clients_mod._Registry())
     return made
 
 
@@ -167,7 +167,7 @@ def test_fork_gets_a_fresh_client_and_leaves_the_parents_alone(fake: list[FakeCl
     pid = os.fork()
     if pid == 0:  # child: report whether it built its own client, without running pytest's teardown
         try:
-            ok = g._client() is not parent_client and not parent_client.closed and len(grid_mod._inherited) >= 1
+            ok = g._client() is not parent_client and not parent_client.closed and len(clients_mod._inherited) >= 1
             os.write(w, b"1" if ok else b"0")
         finally:
             os._exit(0)
@@ -184,7 +184,7 @@ def test_registry_notices_pid_change_without_fork_hooks(
 ) -> None:
     g = ramgrid.connect("127.0.0.1:1")
     first = g._client()
-    monkeypatch.setattr(grid_mod._registry, "pid", -1)
+    monkeypatch.setattr(clients_mod._registry, "pid", -1)
     assert g._client() is not first and not first.closed
 
 
