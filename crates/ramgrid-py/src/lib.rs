@@ -64,7 +64,9 @@ pub(crate) fn int_key(item: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
     if item.is_instance_of::<PyFloat>() || !item.hasattr(pyo3::intern!(item.py(), "__index__"))? {
         return Ok(None);
     }
-    item.call_method0(pyo3::intern!(item.py(), "__index__"))?.extract().map(Some)
+    item.call_method0(pyo3::intern!(item.py(), "__index__"))?
+        .extract()
+        .map(Some)
 }
 
 impl<'py> KeyHolder<'py> {

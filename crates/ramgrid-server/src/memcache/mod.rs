@@ -1,5 +1,6 @@
 //! The memcached text and meta protocols on the server side: the connection loop here, the
-//! requests' execution against the cache in `dispatch.rs`.
+//! requests' execution against the cache in `dispatch.rs` (the meta commands in `meta.rs`, `stats`
+//! in `stats.rs`).
 //!
 //! Invariants relied on:
 //! 1. Replies are appended in request order to one output buffer; nothing is written out of order.
@@ -22,6 +23,8 @@ use crate::io::{flush, read_or_stop, MEMCACHE_READ_CHUNK as READ_CHUNK};
 use crate::stats::{Shared, WorkerStats};
 
 pub mod dispatch;
+mod meta;
+mod stats;
 
 use dispatch::Flow;
 
