@@ -57,10 +57,10 @@ class _LoopReads:
             else:
                 fut.set_exception(value)
 
-    def submit(self, table: str, k: Any, version: int, incarnation: int) -> asyncio.Future[Any]:
+    def submit(self, table: str, k: Any, version: int, incarnation: int, shm: bool) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         token = next(self.tokens)
-        self.reader.submit(table, k, version, incarnation, token)
+        self.reader.submit(table, k, version, incarnation, token, shm)
         self.futures[token] = fut
         return fut
 
@@ -85,6 +85,7 @@ class _PipelinedReads:
     name: str
     _read_version: int
     _read_incarnation: int
+    _read_shm: bool
 
     def _finish_get(self, k: Any, values: Any, found: np.ndarray, default: Any) -> Any:
         raise NotImplementedError  # grid._Reader
@@ -94,7 +95,9 @@ class _PipelinedReads:
         batches in flight. Errors are raised in their batch's turn, after the results of the batches before it."""
         client = self._grid._client()
         converted = (convert_keys(b) for b in batches)
-        yield from native_pipelined(client, self.name, converted, depth, self._read_version, self._read_incarnation)
+        yield from native_pipelined(
+            client, self.name, converted, depth, self._read_version, self._read_incarnation, self._read_shm
+        )
 
     def get_many_batches(self, batches: Iterable[Any], depth: int = 8, default: Any = _UNSET) -> Iterator[Any]:
         """Like `get_many` for each batch of `batches`, in order, with up to `depth` batches in flight on each
@@ -113,7 +116,7 @@ class _PipelinedReads:
 
         dflt = RAISE if default is _UNSET else default
         for values, found in native_pipelined(
-            client, self.name, take(), depth, self._read_version, self._read_incarnation
+            client, self.name, take(), depth, self._read_version, self._read_incarnation, self._read_shm
         ):
             yield self._finish_get(sent.popleft(), values, found, dflt)
 
@@ -133,11 +136,12 @@ class _PipelinedReads:
         return self._finish_get(k, values, found, RAISE if default is _UNSET else default)
 
     def _submit_async(self, k: Any) -> asyncio.Future[Any]:
-        return _loop_reads(self._grid._client()).submit(self.name, k, self._read_version, self._read_incarnation)
+        client = self._grid._client()
+        return _loop_reads(client).submit(self.name, k, self._read_version, self._read_incarnation, self._read_shm)
 
 
 def native_pipelined(
-    client: Any, table: str, batches: Iterable[Any], depth: int, version: int, incarnation: int
+    client: Any, table: str, batches: Iterable[Any], depth: int, version: int, incarnation: int, shm: bool = True
 ) -> Iterator[tuple[Any, np.ndarray]]:
     """The native pipelined iterator over converted key batches (see `ramgrid._native.get_many_pipelined`)."""
     from ramgrid._clients import native
@@ -145,6 +149,6 @@ def native_pipelined(
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
         raise ValueError(f"depth must be an int >= 1, got {depth!r}")
     it: Iterator[tuple[Any, np.ndarray]] = native().get_many_pipelined(
-        client, table, iter(batches), depth, version, incarnation
+        client, table, iter(batches), depth, version, incarnation, shm
     )
     return it

@@ -27,7 +27,9 @@
 //!    never matched against a new lane's replies (whose request ids start again).
 //!
 //! Not done here: hedging (a slow server delays the batches behind it; the timeout still bounds
-//! each reply) and the near cache (batches it would serve go through `get_into_of`).
+//! each reply), the near cache (batches it would serve go through `get_into_of`) and versions
+//! mapped from this host (such a batch is read in place through `get_into_of` in its turn, and
+//! only its partitions not mapped here go over TCP, unpipelined).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -76,6 +78,12 @@ struct Batch {
     incarnation: u64,
     version: u32,
     keys: OwnedKeys,
+    /// Whether the batch may be read from shared memory (`false`: TCP only, as
+    /// [`crate::shm::tcp_only`] reads).
+    shm: bool,
+    /// Whether the batch's version is mapped from this host: it is read in place in its turn
+    /// (partitions not mapped here go over TCP in the same call), not sent.
+    local: bool,
     /// Set when the batch was sent: what its frames need to be read back.
     sent: Option<Sent>,
 }
@@ -119,14 +127,34 @@ impl Pipeline {
     /// be sent now is read by [`Pipeline::next_result`] through the unpipelined path, which reports its
     /// error (bad input included) in its turn.
     pub fn submit(&mut self, table: &str, keys: OwnedKeys, version: u32, incarnation: u64) {
+        self.submit_with(table, keys, version, incarnation, true);
+    }
+
+    /// [`Pipeline::submit`], saying whether the batch may be read from shared memory. A batch of
+    /// a pinned version this process maps from a server on this host (shm.rs) is not sent: it is
+    /// read in place in its turn, as `get_into_of` reads. With `shared_memory` false it is read
+    /// over TCP even where the version is mapped.
+    pub fn submit_with(
+        &mut self,
+        table: &str,
+        keys: OwnedKeys,
+        version: u32,
+        incarnation: u64,
+        shared_memory: bool,
+    ) {
         let mut batch = Batch {
             table: table.to_string(),
             incarnation,
             version,
             keys,
+            shm: shared_memory,
+            local: false,
             sent: None,
         };
-        batch.sent = self.send(&batch);
+        batch.local = shared_memory && self.client.shm_maps(table, incarnation, version);
+        if !batch.local {
+            batch.sent = self.send(&batch);
+        }
         self.batches.push_back(batch);
     }
 
@@ -151,6 +179,11 @@ impl Pipeline {
         };
         Some(match got {
             Some(result) => Ok(result),
+            None if batch.local => self.redo(&batch),
+            None if !batch.shm => {
+                self.redone += 1;
+                crate::shm::tcp_only(|| self.redo(&batch))
+            }
             None => {
                 self.redone += 1;
                 self.redo(&batch)

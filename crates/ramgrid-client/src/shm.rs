@@ -489,6 +489,23 @@ impl Client {
     /// (call deadline, key lists): `None` unless every key's partition is mapped for this
     /// version, in which case the read is done (`found` and `out` written) and returns the
     /// version. The general path checks the same things and serves what it can (`shm_serve`).
+    /// Whether reads of `version` (not 0) of `table` may be served from a mapping of this
+    /// process (a pinned version attached from a server on this host), as `get_into_of` would.
+    pub(crate) fn shm_maps(&self, table: &str, incarnation: u64, version: u32) -> bool {
+        if version == 0 || tcp_only_here() {
+            return false;
+        }
+        let Some(meta) = self.inner.tables.read().get(table).copied() else {
+            return false;
+        };
+        (incarnation == 0 || incarnation == meta.incarnation)
+            && self
+                .inner
+                .shm
+                .get(table, meta.incarnation, version)
+                .is_some()
+    }
+
     pub(crate) fn shm_whole(
         &self,
         table: &str,

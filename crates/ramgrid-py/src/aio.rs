@@ -65,11 +65,13 @@ pub(crate) struct PipelinedGets {
     version: u32,
     incarnation: u64,
     depth: usize,
+    /// Whether batches may be read from shared memory (`PinnedTable(shared_memory=False)`: no).
+    shm: bool,
 }
 
 /// `PipelinedGets` over `batches` (an iterable of key batches) of `table`.
 #[pyfunction]
-#[pyo3(signature = (client, table, batches, depth=8, version=0, incarnation=0))]
+#[pyo3(signature = (client, table, batches, depth=8, version=0, incarnation=0, shared_memory=true))]
 pub(crate) fn get_many_pipelined(
     client: PyRef<'_, Client>,
     table: &str,
@@ -77,6 +79,7 @@ pub(crate) fn get_many_pipelined(
     depth: usize,
     version: u32,
     incarnation: u64,
+    shared_memory: bool,
 ) -> PyResult<PipelinedGets> {
     if depth == 0 {
         return Err(PyValueError::new_err("depth must be at least 1"));
@@ -89,6 +92,7 @@ pub(crate) fn get_many_pipelined(
         version,
         incarnation,
         depth,
+        shm: shared_memory,
     })
 }
 
@@ -108,8 +112,8 @@ impl PipelinedGets {
             match item.map(|k| k.and_then(|k| owned_keys(&k))) {
                 Some(Ok(keys)) => {
                     let (table, v, inc) = (&self.table, self.version, self.incarnation);
-                    let p = &mut self.pipeline;
-                    py.allow_threads(|| p.submit(table, keys, v, inc));
+                    let (p, shm) = (&mut self.pipeline, self.shm);
+                    py.allow_threads(|| p.submit_with(table, keys, v, inc, shm));
                 }
                 Some(Err(e)) => {
                     self.source_error = Some(e);
@@ -145,6 +149,7 @@ struct Job {
     version: u32,
     incarnation: u64,
     token: u64,
+    shm: bool,
 }
 
 /// Results the I/O thread has finished, waiting for the event loop to take them, and the socket
@@ -213,8 +218,9 @@ impl AioReader {
     }
 
     /// Queues one batch under `token` (the caller's, handed back by `drain`). Bad keys raise
-    /// here, as `get_many` raises them.
-    #[pyo3(signature = (table, keys, version, incarnation, token))]
+    /// here, as `get_many` raises them. With `shared_memory` false the batch is read over TCP
+    /// even where its version is mapped from this host.
+    #[pyo3(signature = (table, keys, version, incarnation, token, shared_memory=true))]
     fn submit(
         &self,
         table: &str,
@@ -222,6 +228,7 @@ impl AioReader {
         version: u32,
         incarnation: u64,
         token: u64,
+        shared_memory: bool,
     ) -> PyResult<()> {
         let job = Job {
             table: table.to_string(),
@@ -229,6 +236,7 @@ impl AioReader {
             version,
             incarnation,
             token,
+            shm: shared_memory,
         };
         match &*lock(&self.jobs) {
             Some(tx) => tx
@@ -293,7 +301,7 @@ fn serve(mut p: Pipeline, jobs: mpsc::Receiver<Job>, depth: usize, finished: &Fi
                     Err(_) => break,
                 }
             };
-            p.submit(&job.table, job.keys, job.version, job.incarnation);
+            p.submit_with(&job.table, job.keys, job.version, job.incarnation, job.shm);
             waiting.push_back(job.token);
         }
         if let (Some(result), Some(token)) = (p.next(), waiting.pop_front()) {

@@ -6,6 +6,7 @@ no server on its host (forced remote) each behave as the design says."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import struct
@@ -92,6 +93,40 @@ def test_reads_equal_tcp_for_every_value_type_and_missing_keys(shm_dir: Path, va
             assert _same(local.lookup([k]), remote.lookup([k]))
         # The default (None) maps where it applies.
         assert t.pin().describe()["shared_memory"]["mapped"] == list(range(8))  # type: ignore[index]
+
+
+def test_pipelined_and_async_reads_use_the_mapping_unless_told_not_to(shm_dir: Path) -> None:
+    with _grid(shm_dir) as g:
+        t = _fill(g, "piped", "i64")
+        local = t.pin(shared_memory=True)
+        remote = t.pin(shared_memory=False)
+        batches = [ALL_KEYS[i : i + 300] for i in range(0, len(ALL_KEYS), 300)]
+        want = [remote.lookup(b) for b in batches]
+        found = sum(int(f.sum()) for _, f in want)
+
+        def hits() -> int:
+            return g.client_stats()["shm_hits"]
+
+        # Mapped here: each batch is read in place, in order.
+        before = hits()
+        assert all(_same(a, b) for a, b in zip(local.lookup_batches(batches, depth=4), want))
+        assert hits() - before == found
+        # shared_memory=False: over TCP though another handle of this client maps the version.
+        before = hits()
+        assert all(_same(a, b) for a, b in zip(remote.lookup_batches(batches, depth=4), want))
+        got = list(remote.get_many_batches(batches, default=-1))
+        assert all(np.array_equal(v, np.where(f, w, -1)) for v, (w, f) in zip(got, want))
+        assert hits() == before
+
+        async def both() -> tuple[list[Any], list[Any]]:
+            a = await asyncio.gather(*(local.lookup_async(b) for b in batches))
+            b = await asyncio.gather(*(remote.lookup_async(b) for b in batches))
+            return list(a), list(b)
+
+        before = hits()
+        a, b = asyncio.run(both())
+        assert all(_same(x, w) for x, w in zip(a, want)) and all(_same(x, w) for x, w in zip(b, want))
+        assert hits() - before == found
 
 
 def _request(token: bytes, table: str, version: int) -> bytes:
@@ -286,6 +321,7 @@ def test_one_key_gets_and_batches_through_the_reader_handle_equal_tcp(shm_dir: P
         assert local._shm_get is not None and remote._shm_get is None
         before = g.client_stats()
         keys: list[Any] = [-1, 0, 1, 2, 3, 5, N - 1, N, 2**40, "1", b"\x01\0\0\0\0\0\0\0", "k" * 300, True]
+        keys += [np.int64(3), np.int64(4), np.int32(-1), np.uint64(5)]  # numpy integer scalars are int keys
         for k in keys:
             assert _equal(local.get(k, None), remote.get(k, None)), k
             assert (k in local) == (k in remote), k
@@ -300,7 +336,7 @@ def test_one_key_gets_and_batches_through_the_reader_handle_equal_tcp(shm_dir: P
         hits = g.client_stats()["shm_hits"] - before["shm_hits"]
         assert hits > 0
         # Bad keys: the same errors as over TCP.
-        for bad in (1.5, None, np.int64(3), 2**64):
+        for bad in (1.5, None, np.float64(3.0), 2**64, np.uint64(2**64 - 1)):
             with pytest.raises((TypeError, OverflowError)) as a:
                 local.get(bad)
             with pytest.raises((TypeError, OverflowError)) as b:
