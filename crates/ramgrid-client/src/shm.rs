@@ -485,10 +485,6 @@ impl Client {
         }
     }
 
-    /// A read answered wholly from shared memory, before any of the general path's bookkeeping
-    /// (call deadline, key lists): `None` unless every key's partition is mapped for this
-    /// version, in which case the read is done (`found` and `out` written) and returns the
-    /// version. The general path checks the same things and serves what it can (`shm_serve`).
     /// Whether reads of `version` (not 0) of `table` may be served from a mapping of this
     /// process (a pinned version attached from a server on this host), as `get_into_of` would.
     pub(crate) fn shm_maps(&self, table: &str, incarnation: u64, version: u32) -> bool {
@@ -506,6 +502,10 @@ impl Client {
                 .is_some()
     }
 
+    /// A read answered wholly from shared memory, before any of the general path's bookkeeping
+    /// (call deadline, key lists): `None` unless every key's partition is mapped for this
+    /// version, in which case the read is done (`found` and `out` written) and returns the
+    /// version. The general path checks the same things and serves what it can (`shm_serve`).
     pub(crate) fn shm_whole(
         &self,
         table: &str,

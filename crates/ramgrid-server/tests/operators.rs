@@ -38,6 +38,22 @@ fn cluster(n: usize) -> (Vec<ServerHandle>, Client) {
     (servers, client)
 }
 
+/// Two servers holding table "t" (8 partitions, both replicas of each) with values 0..n, and
+/// the spec of the same two servers in the other order: another epoch under which both still hold
+/// every partition.
+fn two_servers_and_a_swapped_spec(n: i64) -> (Vec<ServerHandle>, Client, Vec<f64>, ClusterSpec) {
+    let (servers, c) = cluster(2);
+    c.create_table("t", 8, 2, ValueType::F64).unwrap();
+    let keys: Vec<i64> = (0..n).collect();
+    let xs: Vec<f64> = keys.iter().map(|&k| k as f64).collect();
+    c.put("t", Keys::I64(&keys), ValuesRef::F64(&xs), 0)
+        .unwrap();
+    let addrs: Vec<String> = servers.iter().map(|s| s.local_addr().to_string()).collect();
+    let swapped =
+        ClusterSpec::parse(&format!("server {}\nserver {}\n", addrs[1], addrs[0])).unwrap();
+    (servers, c, xs, swapped)
+}
+
 /// What the hook does: set by one test at a time (the hook itself is process-wide).
 type Hook = Box<dyn Fn(&NativeState, u32) + Send>;
 static HOOK: Mutex<Option<Hook>> = Mutex::new(None);
@@ -305,16 +321,7 @@ fn bad_operators_are_refused_and_the_server_goes_on() {
 fn an_epoch_change_during_a_pass_refuses_the_partition_and_only_it_is_asked_again() {
     let _g = HOOK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     install_hook();
-    let (servers, c) = cluster(2);
-    c.create_table("t", 8, 2, ValueType::F64).unwrap();
-    let keys: Vec<i64> = (0..5000).collect();
-    let xs: Vec<f64> = keys.iter().map(|&k| k as f64).collect();
-    c.put("t", Keys::I64(&keys), ValuesRef::F64(&xs), 0)
-        .unwrap();
-    // The same two servers in the other order: another epoch, both still hold every partition.
-    let addrs: Vec<String> = servers.iter().map(|s| s.local_addr().to_string()).collect();
-    let swapped =
-        ClusterSpec::parse(&format!("server {}\nserver {}\n", addrs[1], addrs[0])).unwrap();
+    let (servers, c, xs, swapped) = two_servers_and_a_swapped_spec(5000);
     let states: Vec<Arc<NativeState>> = servers.iter().map(|s| s.native().clone()).collect();
     let fired = Arc::new(AtomicBool::new(false));
     let passes = Arc::new(AtomicUsize::new(0));
@@ -358,17 +365,9 @@ fn an_epoch_change_during_a_pass_refuses_the_partition_and_only_it_is_asked_agai
 #[test]
 fn partitions_of_a_frame_refused_whole_for_a_stale_map_count_as_asked_again() {
     let _g = HOOK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let (servers, c) = cluster(2);
-    c.create_table("t", 8, 2, ValueType::F64).unwrap();
-    let keys: Vec<i64> = (0..1000).collect();
-    let xs: Vec<f64> = keys.iter().map(|&k| k as f64).collect();
-    c.put("t", Keys::I64(&keys), ValuesRef::F64(&xs), 0)
-        .unwrap();
+    let (servers, c, _, swapped) = two_servers_and_a_swapped_spec(1000);
     // Another epoch installed before the operator: every frame is refused before any pass (as a
     // server whose frame arrives after a change made during another server's pass).
-    let addrs: Vec<String> = servers.iter().map(|s| s.local_addr().to_string()).collect();
-    let swapped =
-        ClusterSpec::parse(&format!("server {}\nserver {}\n", addrs[1], addrs[0])).unwrap();
     for s in &servers {
         s.native().install_spec(swapped.clone()).unwrap();
     }
