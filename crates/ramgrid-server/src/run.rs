@@ -54,10 +54,24 @@ pub enum Stopped {
 /// and tests read the port from this exact line), then blocks until SIGTERM or SIGINT arrives or
 /// `stop` (asked every [`STOP_POLL`]) returns true, and shuts the server down.
 ///
-/// The signal handlers are installed once the server is listening; a process that installs its own
-/// handlers too (Python's SIGINT flag) sees the signal as well, and may use `stop` to notice it.
+/// The signal handlers are installed before the server starts, so a signal sent at any moment
+/// after the listening line (a supervisor's stop, a test's) shuts it down cleanly: never the
+/// default action, which would kill it with connections and files open. A process that installs
+/// its own handlers too (Python's SIGINT flag) sees the signal as well, and may use `stop` to
+/// notice it.
 pub fn run_until(config: &Config, mut stop: impl FnMut() -> bool) -> anyhow::Result<Stopped> {
+    use tokio::signal::unix::{signal, SignalKind};
     crate::log::init(&config.log, config.log_format).map_err(anyhow::Error::msg)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (mut term, mut int) = {
+        let _in = rt.enter();
+        (
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::interrupt())?,
+        )
+    };
     let handle = crate::server::start(config)?;
     let waited = (|| {
         {
@@ -65,13 +79,7 @@ pub fn run_until(config: &Config, mut stop: impl FnMut() -> bool) -> anyhow::Res
             writeln!(out, "ramgrid-server listening on {}", handle.local_addr())?;
             out.flush()?;
         }
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
         rt.block_on(async {
-            use tokio::signal::unix::{signal, SignalKind};
-            let mut term = signal(SignalKind::terminate())?;
-            let mut int = signal(SignalKind::interrupt())?;
             loop {
                 tokio::select! {
                     _ = term.recv() => return Ok(Stopped::Signal),

@@ -540,6 +540,15 @@ def test_garbage_does_not_take_the_server_down(
     assert c.call(b"get " + k + b"\r\n", b"END\r\n") == b"VALUE " + k + b" 0 6\r\ncanary\r\nEND\r\n"
 
 
+def test_sigterm_right_after_start_exits_cleanly(server_factory: Callable[..., ServerProcess]) -> None:
+    # The moment a supervisor (or a test) may stop a server is once it announced itself: the signal must find
+    # the server's handler there, never the default action (exit status -15, nothing shut down).
+    for _ in range(5):
+        server = server_factory()
+        code = server.stop(timeout=5)
+        assert code == 0, f"exit code {code} (None: had to be killed after 5 s)"
+
+
 def test_sigterm_exits_cleanly(server_factory: Callable[..., ServerProcess], raw_connect: Connect) -> None:
     server = server_factory()
     idle = raw_connect(server)
