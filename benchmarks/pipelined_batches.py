@@ -6,7 +6,9 @@ Same keys (int64 ids) and 8-byte values (float64) as `native_batch.py`, same run
 - ramgrid pipelined: `Table.get_many_batches(batches, depth=D)` (up to D batches in flight per connection);
 - ramgrid asyncio: C tasks on one event loop, each awaiting `get_many_async` in a loop (the client's I/O thread keeps
   up to 32 batches in flight);
-- memcached: pymemcache `get_many` in a loop (one round trip per call; pymemcache has no pipelined batch path).
+- memcached: pymemcache `get_many` in a loop (one round trip per call; pymemcache has no pipelined batch path);
+- ramgrid pinned: the same keys in a sealed version, pinned with `shared_memory=False` (TCP) and `True` (read in
+  place from the servers' segments on this host), sequential and pipelined (with `--pinned`, on by default).
 
 Each row reports keys/s (wall clock), server CPU per key (utime+stime of the server processes from /proc/PID/stat,
 divided by keys served) and this process's CPU per key. A benchmark, not a test: it asserts nothing about speed.
@@ -67,7 +69,7 @@ def sequential(get: Callable[[object], object], batches: list) -> Callable[[floa
     return run
 
 
-def pipelined(t: ramgrid.Table, batches: list, depth: int) -> Callable[[float], int]:
+def pipelined(t: ramgrid.Table | ramgrid.PinnedTable, batches: list, depth: int) -> Callable[[float], int]:
     def run(deadline: float) -> int:
         i = 0
         # 512 batches per pipeline, then check the clock (the source is consumed as results are taken).
@@ -149,6 +151,8 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[str]]:
                 modes: list[tuple[str, Callable[[float], int]]] = [("sequential", sequential(t.get_many, arrays))]
                 modes += [(f"pipelined depth {d}", pipelined(t, arrays, d)) for d in args.depths]
                 modes += [(f"asyncio {c} tasks", with_asyncio(t, arrays, c)) for c in args.tasks]
+                if args.pinned:
+                    modes += _pinned_modes(grid, ids, vals, arrays, pools[b][:64], replication, max(args.depths))
                 for mode, fn in modes:
                     fn(time.perf_counter() + 0.05)  # warm up
                     r = timed(fn, args.duration, grid.pids, b)
@@ -159,17 +163,43 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[str]]:
     return rows, notes
 
 
+def _pinned_modes(
+    grid: ramgrid.Grid,
+    ids: np.ndarray,
+    vals: np.ndarray,
+    arrays: list[np.ndarray],
+    check: np.ndarray,
+    replication: int,
+    depth: int,
+) -> list[tuple[str, Callable[[float], int]]]:
+    """Sequential and pipelined reads of a sealed, pinned copy of the table: over TCP, and in place from shared
+    memory (the servers run on this host)."""
+    t = grid.create_table("bench_sealed", partitions=64, replication=replication, value_type="f64", exist_ok=True)
+    if not t.versions() or not any(v.get("sealed") for v in t.versions()):
+        with t.new_version() as w:
+            for lo in range(0, len(ids), 100_000):
+                w.put_many(ids[lo : lo + 100_000], vals[lo : lo + 100_000])
+    modes: list[tuple[str, Callable[[float], int]]] = []
+    for label, shm in (("TCP", False), ("shm", True)):
+        p = t.pin(shared_memory=shm)
+        for got, ix in zip(p.get_many_batches(arrays[: len(check)], depth=8), check, strict=True):
+            np.testing.assert_array_equal(got, vals[ix])
+        modes.append((f"pinned {label} sequential", sequential(p.get_many, arrays)))
+        modes.append((f"pinned {label} pipel. {depth}", pipelined(p, arrays, depth)))
+    return modes
+
+
 def fmt_table(rows: list[Row]) -> str:
     base = {(r[1], r[2]): r[4] for r in rows if r[0] == "ramgrid" and r[3] == "sequential"}
     head = (
-        f"{'system':<21}{'servers':>9}{'batch':>7}  {'mode':<20}{'keys/s':>12}{'srv ns/key':>12}"
+        f"{'system':<21}{'servers':>9}{'batch':>7}  {'mode':<22}{'keys/s':>12}{'srv ns/key':>12}"
         f"{'client ns/key':>15}{'x sequential':>14}"
     )
     lines = [head, "-" * len(head)]
     for system, servers, batch, mode, kps, srv, cli in rows:
         ratio = f"{kps / base[(servers, batch)]:.2f}" if (servers, batch) in base else "-"
         srvs = f"{srv:,.0f}" if srv is not None else "-"
-        lines.append(f"{system:<21}{servers:>9}{batch:>7}  {mode:<20}{kps:>12,.0f}{srvs:>12}{cli:>15,.0f}{ratio:>14}")
+        lines.append(f"{system:<21}{servers:>9}{batch:>7}  {mode:<22}{kps:>12,.0f}{srvs:>12}{cli:>15,.0f}{ratio:>14}")
     return "\n".join(lines)
 
 
@@ -182,6 +212,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batches", default="10,100", help="batch sizes (default 10,100)")
     p.add_argument("--depths", default="8,32", help="pipeline depths (default 8,32)")
     p.add_argument("--tasks", default="64", help="asyncio task counts (default 64)")
+    p.add_argument(
+        "--pinned",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also read a sealed, pinned copy over TCP and from shared memory (default on)",
+    )
     p.add_argument("--out", help="also write the table, with the command line, to this file")
     args = p.parse_args(argv)
     args.keys = args.keys or (100_000 if args.quick else 1_000_000)
