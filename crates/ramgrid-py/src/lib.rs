@@ -4,6 +4,7 @@
 
 mod aio;
 mod errors;
+mod keys;
 mod ops;
 mod reduce;
 mod scan;
@@ -17,142 +18,17 @@ use numpy::{
 };
 use pyo3::exceptions::{PyKeyboardInterrupt, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use ramgrid_client::{
-    parse_type, type_name, Ack, Client as RustClient, ClientConfig, Durability, Keys, Merge,
-    MoveReport, TableDescription, ValueType, Values, ValuesRef,
+    parse_type, type_name, Ack, Client as RustClient, ClientConfig, Durability, Merge, MoveReport,
+    TableDescription, ValueType, Values, ValuesRef,
 };
 
 use errors::chunked_to_py;
 pub(crate) use errors::to_py;
+pub(crate) use keys::{sliceable, KeyHolder};
 /// Keys per network call in a long batch: between calls the GIL is taken back to check for Ctrl-C.
 pub(crate) use ramgrid_client::CHUNK_KEYS;
-
-/// Keys as Python handed them, kept alive (and borrowed from) for the length of a call.
-enum KeyHolder<'py> {
-    Ints(PyReadonlyArray1<'py, i64>),
-    IntsOwned(Vec<i64>),
-    Packed(PyReadonlyArray1<'py, i64>, Bound<'py, PyBytes>),
-    List {
-        items: Vec<Bound<'py, PyAny>>,
-        ints: Vec<[u8; 8]>,
-    },
-}
-
-/// `arr` itself when it can be viewed as a Rust slice (C-contiguous and aligned), else a copy that
-/// can. Unpickled arrays (e.g. in Dask tasks) may sit at an unaligned address inside their buffer,
-/// and a Rust slice over them would be undefined behaviour.
-fn sliceable<'py, T: numpy::Element, D: numpy::ndarray::Dimension>(
-    arr: Bound<'py, numpy::PyArray<T, D>>,
-) -> PyResult<Bound<'py, numpy::PyArray<T, D>>> {
-    let aligned = arr.data().is_aligned();
-    if aligned && arr.is_c_contiguous() {
-        return Ok(arr);
-    }
-    // ndarray.copy() is C-ordered and allocated by numpy, hence aligned.
-    Ok(arr
-        .call_method0("copy")?
-        .downcast_into::<numpy::PyArray<T, D>>()?)
-}
-
-/// An integer key: a Python int, or any object Python's `operator.index` takes (numpy's integer
-/// scalars, as iterating over a key array gives). None for anything else; OverflowError past i64.
-pub(crate) fn int_key(item: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
-    if item.is_instance_of::<PyInt>() {
-        return item.extract().map(Some);
-    }
-    if item.is_instance_of::<PyFloat>() || !item.hasattr(pyo3::intern!(item.py(), "__index__"))? {
-        return Ok(None);
-    }
-    item.call_method0(pyo3::intern!(item.py(), "__index__"))?
-        .extract()
-        .map(Some)
-}
-
-impl<'py> KeyHolder<'py> {
-    fn new(keys: &Bound<'py, PyAny>) -> PyResult<KeyHolder<'py>> {
-        if let Ok(arr) = keys.downcast::<PyArray1<i64>>() {
-            return Ok(KeyHolder::Ints(sliceable(arr.clone())?.readonly()));
-        }
-        if let Ok(t) = keys.downcast::<PyTuple>() {
-            if t.len() == 2 {
-                let offsets = t
-                    .get_item(0)?
-                    .downcast_into::<PyArray1<i64>>()
-                    .map_err(|_| {
-                        PyTypeError::new_err("packed keys: offsets must be a 1-D int64 numpy array")
-                    })?;
-                let offsets = sliceable(offsets)?.readonly();
-                let data = t
-                    .get_item(1)?
-                    .downcast_into::<PyBytes>()
-                    .map_err(|_| PyTypeError::new_err("packed keys: data must be bytes"))?;
-                return Ok(KeyHolder::Packed(offsets, data));
-            }
-        }
-        if let Ok(list) = keys.downcast::<PyList>() {
-            let n = list.len();
-            let mut items = Vec::with_capacity(n);
-            let mut ints = Vec::new();
-            let mut all_ints = n > 0;
-            for item in list.iter() {
-                if item.is_instance_of::<PyString>() || item.is_instance_of::<PyBytes>() {
-                    all_ints = false;
-                } else if let Some(v) = int_key(&item)? {
-                    ints.push(v.to_le_bytes());
-                } else {
-                    return Err(PyTypeError::new_err(format!(
-                        "keys must be str, bytes or int, not {}",
-                        item.get_type().name()?
-                    )));
-                }
-                items.push(item);
-            }
-            if all_ints {
-                return Ok(KeyHolder::IntsOwned(
-                    ints.iter().map(|b| i64::from_le_bytes(*b)).collect(),
-                ));
-            }
-            return Ok(KeyHolder::List { items, ints });
-        }
-        Err(PyTypeError::new_err(format!(
-            "keys must be a list, a 1-D int64 numpy array or an (offsets, data) tuple, not {}",
-            keys.get_type().name()?
-        )))
-    }
-
-    /// Byte slices for a list (borrowing str UTF-8 and bytes buffers, no copies).
-    fn slices(&self) -> PyResult<Vec<&[u8]>> {
-        let KeyHolder::List { items, ints } = self else {
-            return Ok(Vec::new());
-        };
-        let mut out = Vec::with_capacity(items.len());
-        let mut next_int = 0;
-        for item in items {
-            if let Ok(s) = item.downcast::<PyString>() {
-                out.push(s.to_str()?.as_bytes());
-            } else if let Ok(b) = item.downcast::<PyBytes>() {
-                out.push(b.as_bytes());
-            } else {
-                out.push(&ints[next_int][..]);
-                next_int += 1;
-            }
-        }
-        Ok(out)
-    }
-
-    fn keys<'a>(&'a self, slices: &'a [&'a [u8]]) -> Keys<'a> {
-        match self {
-            KeyHolder::Ints(a) => Keys::I64(a.as_slice().unwrap_or_default()),
-            KeyHolder::IntsOwned(v) => Keys::I64(v),
-            KeyHolder::Packed(o, d) => Keys::Packed {
-                offsets: o.as_slice().unwrap_or_default(),
-                data: d.as_bytes(),
-            },
-            KeyHolder::List { .. } => Keys::Slices(slices),
-        }
-    }
-}
 
 /// A read's (values, found) as `get_many` returns them: the vectors handed to numpy without a
 /// copy (float64/int64, float32 of shape (n, dim)), or a list of bytes / None for bytes tables.
@@ -794,31 +670,13 @@ fn run_server(py: Python<'_>, args: Vec<String>) -> PyResult<()> {
     }
 }
 
-/// The partition of `key` in a table of `partitions` partitions (ints are keyed by their 8-byte LE encoding).
-#[pyfunction]
-fn partition_of(key: &Bound<'_, PyAny>, partitions: u32) -> PyResult<u32> {
-    if let Ok(s) = key.downcast::<PyString>() {
-        return Ok(ramgrid_client::partition_of(
-            s.to_str()?.as_bytes(),
-            partitions,
-        ));
-    }
-    if let Ok(b) = key.downcast::<PyBytes>() {
-        return Ok(ramgrid_client::partition_of(b.as_bytes(), partitions));
-    }
-    if let Some(v) = int_key(key)? {
-        return Ok(ramgrid_client::partition_of(&v.to_le_bytes(), partitions));
-    }
-    Err(PyTypeError::new_err("key must be str, bytes or int"))
-}
-
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_class::<shm::ShmReader>()?;
     m.add_function(wrap_pyfunction!(shm::shm_reader, m)?)?;
     m.add_function(wrap_pyfunction!(run_server, m)?)?;
-    m.add_function(wrap_pyfunction!(partition_of, m)?)?;
+    m.add_function(wrap_pyfunction!(keys::partition_of, m)?)?;
     m.add_function(wrap_pyfunction!(ops::run_op, m)?)?;
     m.add_class::<scan::ScanIter>()?;
     m.add_class::<aio::PipelinedGets>()?;

@@ -9,11 +9,11 @@
 //! handle itself never goes to the network.
 
 use numpy::PyArray1;
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyFloat, PyString};
+use pyo3::types::{PyBytes, PyFloat};
 use ramgrid_client::{ShmReader as RustReader, ValueType, Values, CHUNK_KEYS};
 
+use crate::keys::key_bytes;
 use crate::{values_to_py, Client, KeyHolder};
 
 /// Batches of at least this many keys release the GIL while they are looked up (about 0.5 ms of
@@ -44,25 +44,6 @@ pub(crate) fn shm_reader(
 ) -> Option<ShmReader> {
     let inner = py.allow_threads(|| client.inner.shm_reader(table, incarnation, version))?;
     Some(ShmReader { inner, elsewhere })
-}
-
-/// One key as the binding reads keys from a list: str (UTF-8), bytes, or int (its 8-byte
-/// little-endian encoding); anything else is the same TypeError as in a list of keys.
-fn key_bytes<'a>(key: &'a Bound<'_, PyAny>, int: &'a mut [u8; 8]) -> PyResult<&'a [u8]> {
-    if let Ok(s) = key.downcast::<PyString>() {
-        return Ok(s.to_str()?.as_bytes());
-    }
-    if let Ok(b) = key.downcast::<PyBytes>() {
-        return Ok(b.as_bytes());
-    }
-    if let Some(v) = crate::int_key(key)? {
-        *int = v.to_le_bytes();
-        return Ok(&int[..]);
-    }
-    Err(PyTypeError::new_err(format!(
-        "keys must be str, bytes or int, not {}",
-        key.get_type().name()?
-    )))
 }
 
 /// A value's wire form as the Python object `get_many(...)[0]` gives: int, float, bytes, or a
