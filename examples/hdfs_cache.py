@@ -6,7 +6,7 @@ Everything runs on this machine: a real HDFS (Hadoop's MiniDFSCluster with WebHD
 `make hdfs-jars` fetched), two ramgrid servers, and a Dask job with two worker processes that read a directory
 of CSV files through `ramgrid::webhdfs://...` twice. The second pass is served by the grid: blocks one worker
 fetched from HDFS are read by the other from the grid. Then a write through the cache, a change made behind its
-back, and a pinned snapshot show the guarantees of docs/ARCHITECTURE.md, "File-system cache".
+back, and a pinned snapshot show the guarantees of docs/fs-cache.md.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ on each server's connection and yields each batch's result in order, so a thread
 bound by one round trip per batch. `await table.get_many_async(keys)` reads one batch without blocking the event
 loop: one native I/O thread per client and event loop (not one per call) keeps the batches of every task in flight,
 and the loop takes the finished results when the thread's wake-up socket becomes readable. A task cancelled while its batch is in flight never takes the
-reply, and no other call can: replies are matched to their own batch by request id (docs/ARCHITECTURE.md,
-"Pipelined reads").
+reply, and no other call can: replies are matched to their own batch by request id (docs/client.md,
+rule 17, "Pipelined reads").
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ logistic-regression and k-means steps `ramgrid.ml` builds on.
 Each call runs one operator over every partition of one version of the table (the current one for a `Table`, the
 pinned one for a `PinnedTable`); each server answers one partial result per partition it holds, and the client merges
 them. The result is exact or the call raises: a partition whose server changed hands or epoch during its pass is asked
-again, and partitions no replica could answer raise `PartitionsUnavailable` naming them (docs/ARCHITECTURE.md,
-"Operators"). Values are read from the typed columns on the servers; nothing but the partials crosses the network.
+again, and partitions no replica could answer raise `PartitionsUnavailable` naming them (docs/operators.md).
+Values are read from the typed columns on the servers; nothing but the partials crosses the network.
 
 A predicate `where` selects values `lo <= v < hi` of one column: `(lo, hi)` (either may be None for unbounded),
 `{"column": c, "lo": lo, "hi": hi}`, or a `Where`. On an f32vec table `column` names the vector component.

@@ -2,7 +2,7 @@
 
 A scan reads every item of one version of a table in chunks, one partition at a time, without knowing its keys.
 Each partition's items are of one moment of it (never torn, never a key twice): the servers page it and the client
-starts a partition again if it is written between two pages (docs/ARCHITECTURE.md). Stopping early (leaving the
+starts a partition again if it is written between two pages (docs/client.md, rule 15). Stopping early (leaving the
 loop, `close()`, dropping the iterator) cancels it; the servers keep nothing between pages.
 
 Chunks are `(keys, values)`:

@@ -2,7 +2,7 @@
 //! request to one server, and the fan-out of one frame to each of several servers (writes and
 //! admin; reads go through `hedge.rs`). A server that fails here is marked down (`health.rs`).
 //!
-//! The retry rule (docs/ARCHITECTURE.md restates it). A pooled connection may have died while it
+//! The retry rule (docs/client.md, rule 7, restates it). A pooled connection may have died while it
 //! sat idle (the server restarted), and a request must not fail for that alone; but a write must
 //! never be applied twice without the caller knowing:
 //! 1. A pooled connection is checked before reuse ([`Conn::is_alive`]); one the server has closed is

@@ -2,7 +2,7 @@
 //! `hedge.rs`), down-marking, and the background probe that alone puts a down server back into
 //! rotation.
 //!
-//! The rules (docs/ARCHITECTURE.md, "The cluster client", restates them):
+//! The rules (docs/client.md, rules 2-4, restates them):
 //! - **Latency.** Every complete GET reply is a sample of (time from writing the frame to reading
 //!   the whole reply, keys in the frame). Samples are normalized to a unit of work
 //!   (`1 + keys / 1024`) and smoothed as TCP smooths round trips (RFC 6298: `srtt` gains 1/8 of each

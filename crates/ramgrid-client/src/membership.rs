@@ -1,5 +1,4 @@
-//! Adding and removing servers: the client drives a move (docs/ARCHITECTURE.md, "Membership
-//! and repair").
+//! Adding and removing servers: the client drives a move (docs/membership.md).
 //!
 //! 1. Every server of both ends of the move gets the spec with the move in it (`next` lines):
 //!    new holders start taking writes for the partitions they gain (clients now write to the

@@ -58,7 +58,7 @@ impl Pick {
 static READ_SEED: AtomicU64 = AtomicU64::new(0);
 
 impl Client {
-    /// The replica rule for reads (docs/ARCHITECTURE.md, "Reads spread over replicas"). A read
+    /// The replica rule for reads (docs/client.md, rule 16, "Reads spread over replicas"). A read
     /// spreads over the replicas when every replica holds what it may be asked for:
     /// 1. a sealed version is identical on every replica (written, then sealed, before any pinned
     ///    read can name it), so its reads always spread;

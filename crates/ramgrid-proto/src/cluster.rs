@@ -65,7 +65,7 @@ pub enum SpecError {
 /// Addresses are compared as strings: `localhost:7001` and `127.0.0.1:7001` are different servers.
 ///
 /// A spec may also describe a move in progress: `next HOST:PORT` lines list the servers the
-/// cluster is moving to (docs/ARCHITECTURE.md, "Membership and repair"). Until the move is
+/// cluster is moving to (docs/membership.md). Until the move is
 /// complete, reads follow the `server` list and writes go to the replicas under both lists.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ClusterSpec {

@@ -1,7 +1,7 @@
 //! The memory of connection buffers, across all connections and both protocols: one budget
 //! (`--buffer-memory`) that read buffers and replies beyond a connection's small fixed base draw on.
 //!
-//! Rules (docs/ARCHITECTURE.md, "Memory budget"):
+//! Rules (docs/memory.md):
 //! 1. Each connection has a fixed base (one read chunk and one reply chunk), not charged: it is what
 //!    any connection costs, bounded by `--max-conns`.
 //! 2. A read buffer grows past its base only after the budget granted the whole growth at once (a

@@ -7,7 +7,7 @@
 //! event's fields, its message under `fields.message`) for log shippers; `text` (the default) is
 //! for people.
 //!
-//! The events (docs/ARCHITECTURE.md, "Logs"): the server started; a spec installed; a table's
+//! The events (docs/metrics.md, "Logs"): the server started; a spec installed; a table's
 //! current version switched; a connection refused for its token; connections refused at
 //! `--max-conns` (at most one line a second, with the count since the last); repair, fail-over,
 //! rejoin and metadata-group changes; data-directory loads and failures.

@@ -1,4 +1,4 @@
-//! Write-ahead logs of `durability = log` tables (docs/ARCHITECTURE.md, "Durable tables"): every
+//! Write-ahead logs of `durability = log` tables (docs/durability.md): every
 //! PUT and DELETE applied to an open version of such a table is appended to that version's log and
 //! fsynced before the request is answered, and a restarting server replays the log.
 //!

@@ -80,7 +80,7 @@ use crate::{Error, Result};
 /// Configuration of a [`Cache`].
 #[derive(Debug, Clone)]
 pub struct CacheConfig {
-    /// Hard limit on memory charged to items, in bytes (what is really allocated, see ARCHITECTURE.md).
+    /// Hard limit on memory charged to items, in bytes (what is really allocated, see docs/cache-keyspace.md).
     pub memory_limit: usize,
     /// Evict to make room (true) or refuse with [`crate::Error::OutOfMemory`] (false).
     pub evict: bool,

@@ -6,7 +6,7 @@
     dd.read_csv("ramgrid::webhdfs://namenode:9870/data/*.csv", storage_options={"ramgrid": {"grid": "h1:7000"}})
 
 Importing this package registers the protocol `ramgrid` with fsspec (the package's entry point does the same
-for processes that never import it). docs/ARCHITECTURE.md, "File-system cache", states the guarantees.
+for processes that never import it). docs/fs-cache.md states the guarantees.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each block lives on one server, chosen by rendezvous hashing of its key over the grid's servers, so every
 process that reads the same block asks the same server. The cache keyspace is bounded (`--memory`) and evicts
-by CLOCK (docs/ARCHITECTURE.md, "The cache keyspace"); a block that was evicted is a miss, and the reader
+by CLOCK (docs/cache-keyspace.md); a block that was evicted is a miss, and the reader
 fetches it from the file system again. A server that cannot be reached is skipped for `down_for` seconds: its
 blocks are misses, never errors. A block's key holds the file's identity, so a block is never served for a
 file that changed (the file gets new keys; old blocks are only evicted).

@@ -6,7 +6,7 @@
 
 Metadata (`ls`, `info`, and through them `exists`, `glob`, `find`, `walk`) lives in a grid table (`_meta`);
 file contents in fixed-size blocks in the grid's evicting cache keyspace (`_blocks`), keyed by path, file
-identity and block number. The guarantees are stated in docs/ARCHITECTURE.md, "File-system cache".
+identity and block number. The guarantees are stated in docs/fs-cache.md.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ the cluster, so it first waits (bounded) for a server that is down to come back 
 
 Why waiting is enough. While a replica was down the job wrote at ack=one: every write reached the replicas that were
 up. A server restarted on its address copies, before it serves them, every partition it holds of every open version
-from a replica that has it (docs/ARCHITECTURE.md, "Membership and repair"), so once it reports nothing pending it
+from a replica that has it (docs/membership.md), so once it reports nothing pending it
 holds the output version as its replicas do, provided no output write was still going on when it came back (the
 window the architecture names: a write acknowledged at ack=one by a client that still counted it down). The driver
 waits only here, after the last write of the job: a server that comes back while the driver waits holds everything.

@@ -2,7 +2,7 @@
 log, runs the reduce tasks beside the owners of the intermediate partitions (or skips them when the store merged
 the output on write), switches the output version, and cleans up. `resume` takes over a job whose driver died.
 
-The data flow and what survives which failure are in docs/ARCHITECTURE.md ("MapReduce").
+The data flow and what survives which failure are in docs/mapreduce.md.
 """
 
 from __future__ import annotations
@@ -457,7 +457,7 @@ def _add_counts(summary: Summary, committed: dict[int, dict[str, Any]]) -> None:
         summary.bytes_shuffled += rec["bytes"]
 
 
-# Longer than a client's probe interval plus a probe's timeout (docs/ARCHITECTURE.md, the cluster client, rule 4).
+# Longer than a client's probe interval plus a probe's timeout (docs/client.md, rule 4).
 _PROBE_GRACE = 1.0
 
 
@@ -465,7 +465,7 @@ def _came_back(g: Grid, job_id: str, what: str) -> bool:
     """Whether every server answers, after some of the job's writes of this phase were made at ack=one (a server was
     down). A server that came back copied its partitions from a replica, but a write its clients sent while they
     still counted it down (until their probe answered) may have reached the replica after the copy: the server then
-    lacks it (docs/ARCHITECTURE.md, "Membership and repair", what ack promises). So those writes are made again, at
+    lacks it (docs/membership.md, what ack promises). So those writes are made again, at
     ack=all; once the clients' probers have seen the server (a probe interval), none skips it."""
     try:
         status = g.status()

@@ -1,7 +1,7 @@
 """The control plane with real processes: the servers' metadata Raft group forms by itself, a server that dies or
 is paused (SIGSTOP) is failed over within the bound and writes flow again, it rejoins when it answers and serves
 nothing it missed, and the Raft leader's death elects another that goes on changing the catalog
-(docs/ARCHITECTURE.md, "Control plane").
+(docs/control-plane.md).
 
 The servers run with `--failure-timeout-ms 2000` (a lease of 1 s) so the tests are short; the default is 5 s."""
 

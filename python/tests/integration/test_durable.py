@@ -1,4 +1,4 @@
-"""Durable tables (docs/ARCHITECTURE.md, "Durable tables"): a server started with --data-dir writes each sealed
+"""Durable tables (docs/durability.md): a server started with --data-dir writes each sealed
 version of a durability="snapshot" table to disk before it acknowledges the seal, and a server killed with SIGKILL
 and started again on the same address with the same data dir serves those versions exactly, with no reload. A
 damaged snapshot file is reported and its partition refused (never read as missing); dropped versions and tables

@@ -1,4 +1,4 @@
-"""Log tables (docs/ARCHITECTURE.md, "Durable tables"): on servers started with --data-dir, every PUT and DELETE of
+"""Log tables (docs/durability.md): on servers started with --data-dir, every PUT and DELETE of
 an open version of a durability="log" table is in its write-ahead log, fsynced, before it is acknowledged. Servers
 killed with SIGKILL while writers run and started again on the same data dirs serve every acknowledged key exactly
 (deleted keys absent), each of the two replicas on its own; a write the log cannot take (the file size limit standing

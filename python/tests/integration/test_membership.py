@@ -1,6 +1,6 @@
 """Servers come and go under a running job: a LocalGrid grown 3 -> 4 and shrunk back, a server restarted (it
 repairs itself from its peers, `--join`), and the `ramgrid cluster add/remove/status` commands. Reads stay exact
-and no acknowledged write is lost (docs/ARCHITECTURE.md, "Membership and repair")."""
+and no acknowledged write is lost (docs/membership.md)."""
 
 from __future__ import annotations
 

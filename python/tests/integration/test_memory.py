@@ -1,6 +1,6 @@
 """The server's memory stays within its stated budget under large requests and replies.
 
-RSS bound (docs/ARCHITECTURE.md, "Memory budget"): items within `--memory`, tables within
+RSS bound (docs/memory.md): items within `--memory`, tables within
 `--table-memory`, connection buffers within `--buffer-memory` (plus each connection's small base
 and the growth slack of replies being composed), and memory given back after a burst.
 Each case here failed before the buffer budget existed (see the closing note of the hardening issue

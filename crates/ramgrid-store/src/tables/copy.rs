@@ -1,5 +1,5 @@
 //! Copying partitions between servers: the store's half of moves and repairs
-//! (docs/ARCHITECTURE.md, "Membership and repair").
+//! (docs/membership.md).
 //!
 //! A partition that a server should hold but whose data it does not have yet is *pending* in
 //! each version that lacks it: reads of it are refused ([`Error::Repairing`]) so clients read a
