@@ -76,6 +76,13 @@ CHAOS_SECONDS ?= 300
 chaos: develop build ## Slow tier: servers killed and restarted, then added and removed, under jobs for CHAOS_SECONDS (300) each; exact reads, no acked write lost
 	RAMGRID_CHAOS_SECONDS=$(CHAOS_SECONDS) $(PY) -m pytest python/tests/integration/test_chaos.py -m slow -s
 
+JEPSEN_ARGS ?= --seconds 20 --clients 5 --nemesis pause,kill,restart --model register --out out/jepsen
+jepsen: develop ## Slow tier: client processes under a nemesis, the history checked for linearizability by Porcupine (needs Go; docs/jepsen.md)
+	$(PY) -m ramgrid.testing.jepsen $(JEPSEN_ARGS)
+
+porcupine-test: ## The history checker's gofmt, vet and Go tests (tools/porcupine; needs Go)
+	cd tools/porcupine && test -z "$$(gofmt -l .)" && go vet ./... && go test ./...
+
 FUZZ_SECONDS ?= 30
 # The coverage flags cargo-fuzz would pass, so the targets build on stable without cargo-fuzz or nightly.
 FUZZ_RUSTFLAGS := -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
@@ -93,4 +100,4 @@ fuzz: develop ## Short libFuzzer run of every parser target (FUZZ_SECONDS each; 
 clean: ## Remove build outputs and the venv
 	$(CARGO) clean; rm -rf $(VENV)
 
-.PHONY: help setup develop build demo compare test lint typecheck bench fuzz soak chaos clean
+.PHONY: help setup develop build demo compare test lint typecheck bench fuzz soak chaos jepsen porcupine-test clean

@@ -1,0 +1,1 @@
+"""Test tooling that ships with the package: `ramgrid.testing.jepsen`, histories checked for linearizability."""
