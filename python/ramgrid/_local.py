@@ -105,7 +105,8 @@ def start_servers(
     data_dir: Path | None = None,
 ) -> list[ServerProcess]:
     """Starts `n` servers on loopback ports chosen by the OS and waits for each one's listening line. With
-    `data_dir`, server i keeps its snapshots in `data_dir/server-i`.
+    `data_dir`, server i keeps its snapshots in `data_dir/server-i`; without, its control-plane state (Raft id,
+    vote, log) in `log_dir/state-i`.
 
     Raises ServerStartError (after stopping the ones that did start) if a server exits or says nothing in time.
     """
@@ -121,7 +122,7 @@ def start_servers(
     with contextlib.ExitStack() as files:
         try:
             for i in range(n):
-                started.append(_spawn(i, args + _data_args(data_dir, i), env, log_dir, files))
+                started.append(_spawn(i, args + _data_args(data_dir, i, log_dir), env, log_dir, files))
             deadline = time.monotonic() + start_timeout
             for i, sp in enumerate(started):
                 sp.address = _wait_listening(sp, i, deadline, start_timeout)
@@ -131,10 +132,11 @@ def start_servers(
     return started
 
 
-def _data_args(data_dir: Path | None, i: int) -> list[str]:
-    """Server i's `--data-dir` flag (created if needed), or none."""
+def _data_args(data_dir: Path | None, i: int, state_root: Path) -> list[str]:
+    """Server i's `--data-dir` flag (created if needed), or else its `--state-dir` under `state_root`: either way
+    its Raft identity and vote survive a restart, so restarting a server never costs the group a voter."""
     if data_dir is None:
-        return []
+        return ["--state-dir", str(state_root / f"state-{i}")]
     d = Path(data_dir) / f"server-{i}"
     d.mkdir(parents=True, exist_ok=True)
     return ["--data-dir", str(d)]
@@ -334,7 +336,8 @@ class LocalGrid(Grid):
 
     def wait_repaired(self, timeout: float = 60.0) -> float:
         """Waits until every server answers under one spec (the same nonzero epoch), has learned the tables and
-        has no partition left to copy in; returns the seconds waited. Raises RamgridError after `timeout`,
+        has no partition left to copy in, and the metadata group is whole again (one leader known to all, every
+        server a member in contact with it); returns the seconds waited. Raises RamgridError after `timeout`,
         quoting the last status."""
         started = time.monotonic()
         last: list[dict[str, Any]] = []
@@ -351,6 +354,7 @@ class LocalGrid(Grid):
                 )
                 and len(epochs) == 1
                 and 0 not in epochs
+                and _group_healthy(last, self.addresses)
             ):
                 return time.monotonic() - started
             if time.monotonic() - started > timeout:
@@ -388,7 +392,7 @@ class LocalGrid(Grid):
         env = server_env(start["token"], True)  # type: ignore[arg-type]
         args = [sys.executable, "-m", "ramgrid._serve", "--listen", listen, "--threads", str(start["threads"])]
         args += ["--table-memory", str(start["memory"]), *start["extra_args"]]  # type: ignore[misc]
-        args += _data_args(start["data_dir"], index) + extra  # type: ignore[arg-type]
+        args += _data_args(start["data_dir"], index, Path(self._tmpdir)) + extra  # type: ignore[arg-type]
         with contextlib.ExitStack() as files:
             sp = _spawn(index, args, env, Path(self._tmpdir), files)
             try:
@@ -435,3 +439,19 @@ def local(
     under a running job.
     """
     return LocalGrid(servers, memory, threads, token, **options)
+
+
+def _group_healthy(status: list[dict[str, Any]], servers: list[str]) -> bool:
+    """Whether the metadata group is whole: one leader known to every server, every server a member (a voter, or a
+    learner past an odd number of voters) and in contact with it. True when the servers run without a metadata group (no `meta_leader` line)."""
+    if not any("meta_leader" in s for s in status):
+        return True
+    leaders = {s.get("meta_leader") for s in status}
+    if len(leaders) != 1 or None in leaders or "none" in leaders:
+        return False
+    for s in status:
+        # "meta_member" lines, joined: "<addr> <id> voter; <addr> <id> learner; ..."
+        roles = {m.split()[0]: m.split()[-1] for m in str(s.get("meta_member") or "").split(";") if m.strip()}
+        if s.get("quorum") != "ok" or any(roles.get(addr) not in ("voter", "learner") for addr in servers):
+            return False
+    return True

@@ -25,7 +25,7 @@ use ramgrid_proto::cluster::{ClusterSpec, PartitionMap};
 use ramgrid_proto::native::ErrorReply;
 use ramgrid_store::tables::TableSpec;
 
-use crate::native::NativeState;
+use crate::node::Node;
 
 /// The installed cluster spec and what this server derives from it.
 #[derive(Debug, Clone)]
@@ -65,7 +65,21 @@ pub fn held_partitions(cluster: Option<&ClusterState>, table: &TableSpec) -> Vec
 /// Installs `spec` (from `--cluster-spec`, SET_SPEC or a peer) and moves every table's
 /// partitions to their new states. Refused: a spec that does not list this server, and a move
 /// while another move (to other servers) is in progress.
-pub fn install_spec(state: &NativeState, spec: ClusterSpec) -> Result<u64, String> {
+impl Node {
+    /// Installs `spec`: see [`install_spec`].
+    pub fn install_spec(&self, spec: ClusterSpec) -> Result<u64, String> {
+        install_spec(self, spec)
+    }
+
+    /// The epoch of the installed spec (0 before any).
+    pub(crate) fn epoch(&self) -> u64 {
+        self.cluster.read().as_ref().map_or(0, |c| c.epoch)
+    }
+}
+
+/// Installs `spec` (from `--cluster-spec`, SET_SPEC or a peer) and moves every table's
+/// partitions to their new states.
+pub fn install_spec(state: &Node, spec: ClusterSpec) -> Result<u64, String> {
     if spec.index_of(&state.server_id).is_none() {
         return Err(format!(
             "this server ({}) is not listed in the spec",
@@ -80,15 +94,11 @@ pub fn install_spec(state: &NativeState, spec: ClusterSpec) -> Result<u64, Strin
 /// it holds nothing and refuses everything (NOT_OWNER) until a spec lists it again. With
 /// `forget`, this server was failed over since it last looked: everything it held is dropped
 /// first, so that what the new spec gives it is copied in again (it may have missed writes).
-pub fn install_committed(
-    state: &NativeState,
-    spec: ClusterSpec,
-    forget: bool,
-) -> Result<u64, String> {
+pub fn install_committed(state: &Node, spec: ClusterSpec, forget: bool) -> Result<u64, String> {
     install(state, spec, forget)
 }
 
-fn install(state: &NativeState, spec: ClusterSpec, forget: bool) -> Result<u64, String> {
+fn install(state: &Node, spec: ClusterSpec, forget: bool) -> Result<u64, String> {
     let index = spec.index_of(&state.server_id).map(|i| i as u32);
     let epoch = spec.epoch();
     let mut cluster = state.cluster.write();
@@ -208,7 +218,7 @@ pub fn check_epoch(
 }
 
 /// CLUSTER_STATUS: this server's view, one `key value` line each.
-pub fn status_text(state: &NativeState) -> String {
+pub fn status_text(state: &Node) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let cluster = state.cluster.read().clone();

@@ -94,6 +94,13 @@ pub struct Config {
     /// it every table lives in memory only.
     #[arg(long, env = "RAMGRID_DATA_DIR")]
     pub data_dir: Option<std::path::PathBuf>,
+    /// The control plane's state directory: this server's Raft node id, vote and log
+    /// (docs/control-plane.md). A server restarted with it rejoins the metadata group as the voter
+    /// it was, even when its tables are gone (no --data-dir), so a restart never costs the group a
+    /// voter. Default: `DATA_DIR/meta` with --data-dir; without either the server is a new Raft
+    /// node at every start (its old id stays a voter until the leader replaces it).
+    #[arg(long, env = "RAMGRID_STATE_DIR")]
+    pub state_dir: Option<std::path::PathBuf>,
     /// Shared memory for client processes on this host (docs/shared-memory.md): the directory of
     /// the Unix socket through which they map sealed versions (`shm-<ip>-<port>.sock`). `auto`:
     /// `$XDG_RUNTIME_DIR/ramgrid`, else `/tmp/ramgrid-<uid>`; `off`: no socket.
@@ -180,6 +187,13 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// Where the metadata group's state is kept: `--state-dir`, else `DATA_DIR/meta`, else nowhere.
+    pub fn meta_dir(&self) -> Option<std::path::PathBuf> {
+        self.state_dir
+            .clone()
+            .or_else(|| self.data_dir.as_ref().map(|d| d.join("meta")))
     }
 
     /// The largest native frame body this server accepts and announces in HELLO: `--max-frame`,

@@ -8,7 +8,8 @@ use tokio::time::Instant;
 
 use crate::buffers::ConnMemory;
 use crate::io::{read_or_stop, MEMCACHE_READ_CHUNK as READ_CHUNK};
-use crate::native::{self, NativeState};
+use crate::native;
+use crate::node::Node;
 use crate::stats::{Shared, WorkerStats};
 
 /// The first byte of a TLS handshake record (a ClientHello).
@@ -19,7 +20,7 @@ const TLS_HANDSHAKE: u8 = 0x16;
 pub async fn serve(
     mut sock: impl crate::io::Stream,
     shared: &Shared,
-    native_state: &NativeState,
+    node: &Node,
     stats: &WorkerStats,
     mut stop: watch::Receiver<bool>,
     write_timeout: Duration,
@@ -46,7 +47,7 @@ pub async fn serve(
             sock,
             buf,
             end,
-            native_state,
+            node,
             stats,
             stop,
             write_timeout,

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use ramgrid_proto::native::{ErrorReply, ExportChunk, ExportRequest, Status};
 
-use crate::native::{refusal, NativeState};
+use crate::convert::refusal;
+use crate::node::Node;
 
 /// An export nobody asked about for this long is dropped.
 const IDLE: Duration = Duration::from_secs(60);
@@ -42,7 +43,7 @@ impl Exports {
     /// image, range).
     pub fn chunk(
         &self,
-        state: &NativeState,
+        state: &Node,
         req: &ExportRequest<'_>,
         max_body: usize,
     ) -> Result<Chunk, ErrorReply> {

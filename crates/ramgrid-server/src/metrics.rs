@@ -26,7 +26,7 @@ use ramgrid_store::tables::KeyStatus;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
-use crate::native::NativeState;
+use crate::node::Node;
 use crate::stats::{Shared, WorkerStats};
 
 /// Upper bounds of the batch latency histogram buckets, in seconds (`+Inf` follows).
@@ -233,8 +233,8 @@ impl Hook {
     }
 
     /// The exposition text, or `None` before the server has started.
-    pub fn render(&self, native: &NativeState) -> Option<String> {
-        self.0.get().map(|s| render(s, native))
+    pub fn render(&self, node: &Node) -> Option<String> {
+        self.0.get().map(|s| render(s, node))
     }
 }
 
@@ -433,7 +433,7 @@ fn write_counters(out: &mut Out, prefix: &str, rows: &[(String, Sums)]) {
 
 /// The whole exposition (text format 0.0.4): server-wide figures, then one series per table
 /// this server has.
-pub fn render(shared: &Shared, native: &NativeState) -> String {
+pub fn render(shared: &Shared, node: &Node) -> String {
     let mut out = Out(String::with_capacity(16 << 10));
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let sum = |pick: fn(&WorkerStats) -> &AtomicU64| shared.sum(pick);
@@ -568,11 +568,11 @@ pub fn render(shared: &Shared, native: &NativeState) -> String {
     write_counters(&mut out, "ramgrid_native", &[(String::new(), server)]);
 
     let mut rows = Vec::new();
-    let infos: Vec<_> = native
+    let infos: Vec<_> = node
         .tables
         .list()
         .into_iter()
-        .filter_map(|n| native.tables.describe(&n).ok())
+        .filter_map(|n| node.tables.describe(&n).ok())
         .collect();
     out.head(
         "ramgrid_table_versions",
@@ -632,7 +632,7 @@ pub fn render(shared: &Shared, native: &NativeState) -> String {
     }
     write_counters(&mut out, "ramgrid_table", &rows);
     // The control plane (docs/ARCHITECTURE.md, "Control plane").
-    if let Some(meta) = native.meta.get() {
+    if let Some(meta) = node.meta.get() {
         for (name, kind, help, v) in meta.figures() {
             out.metric(name, kind, help, v);
         }
@@ -646,7 +646,7 @@ pub fn render(shared: &Shared, native: &NativeState) -> String {
 pub fn spawn(
     listener: std::net::TcpListener,
     shared: Arc<Shared>,
-    native: Arc<NativeState>,
+    node: Arc<Node>,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<JoinHandle<()>> {
     listener.set_nonblocking(true)?;
@@ -671,11 +671,11 @@ pub fn spawn(
                     tokio::select! {
                         r = listener.accept() => {
                             let Ok((sock, _)) = r else { continue };
-                            let (shared, native) = (shared.clone(), native.clone());
+                            let (shared, node) = (shared.clone(), node.clone());
                             tokio::spawn(async move {
                                 let _ = tokio::time::timeout(
                                     READ_TIMEOUT * 2,
-                                    serve_http(sock, &shared, &native),
+                                    serve_http(sock, &shared, &node),
                                 )
                                 .await;
                             });
@@ -717,7 +717,7 @@ fn route(head: &[u8]) -> Route {
     }
 }
 
-async fn serve_http(mut sock: tokio::net::TcpStream, shared: &Shared, native: &NativeState) {
+async fn serve_http(mut sock: tokio::net::TcpStream, shared: &Shared, node: &Node) {
     let mut buf = vec![0u8; MAX_REQUEST];
     let mut n = 0;
     let complete = tokio::time::timeout(READ_TIMEOUT, async {
@@ -738,7 +738,7 @@ async fn serve_http(mut sock: tokio::net::TcpStream, shared: &Shared, native: &N
     .await;
     let (code, body, head_only) = match complete {
         Ok(true) => match route(&buf[..n]) {
-            Route::Metrics { head_only } => ("200 OK", render(shared, native), head_only),
+            Route::Metrics { head_only } => ("200 OK", render(shared, node), head_only),
             Route::NotFound => ("404 Not Found", "not found: try /metrics\n".into(), false),
             Route::BadMethod => ("405 Method Not Allowed", "only GET\n".into(), false),
             Route::Bad => ("400 Bad Request", "bad request\n".into(), false),

@@ -54,6 +54,10 @@ use ramgrid_store::tables::{Durability, KeyStatus, TableSpec, TableVersion, Tabl
 use ramgrid_store::Error as StoreError;
 use xxhash_rust::xxh3::xxh3_64;
 
+use ramgrid_proto::native::ErrorReply;
+
+use crate::convert::disk_refusal;
+use crate::node::Node;
 use crate::wal::{self, Log, Logs, Op};
 
 /// What a server with `--data-dir` keeps on disk.
@@ -255,6 +259,25 @@ pub struct Loaded {
     pub log_records: u64,
     /// Time to read, validate and install everything, in seconds.
     pub seconds: f64,
+}
+
+impl Node {
+    /// Rewrite a table's catalog in the data directory, if there is one and the table is durable.
+    pub(crate) fn sync_catalog(&self, name: &str) -> Result<(), ErrorReply> {
+        match &self.persist {
+            Some(p) => p.sync_table(&self.tables, name).map_err(disk_refusal),
+            None => Ok(()),
+        }
+    }
+
+    /// The write-ahead log a write to `tv` must go through (log tables on a server with a data
+    /// directory); a failed log refuses the write before anything is applied.
+    pub(crate) fn log_of(&self, tv: &TableVersion) -> Result<Option<Arc<Log>>, ErrorReply> {
+        match &self.persist {
+            Some(p) => p.log_of(tv).map_err(disk_refusal),
+            None => Ok(None),
+        }
+    }
 }
 
 impl Persist {
@@ -819,7 +842,7 @@ impl Persist {
                                 r.partition
                             ));
                         }
-                        items.push((k, crate::native::value_ref(vt, val)));
+                        items.push((k, crate::convert::value_ref(vt, val)));
                     }
                     tv.put_batch(r.partition, items, &mut status)
                 } else {

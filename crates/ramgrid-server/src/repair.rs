@@ -37,7 +37,8 @@ use ramgrid_proto::native::{self as wire, ExportRequest, Request, Response, Stat
 use ramgrid_store::tables::{Durability, TableSpec, ValueRef};
 
 use crate::cluster::ClusterState;
-use crate::native::{store_value_type, NativeState};
+use crate::convert::store_value_type;
+use crate::node::Node;
 use crate::peer::{Peer, PeerError};
 
 /// Bytes asked for per EXPORT_PARTITION chunk.
@@ -103,7 +104,7 @@ impl RepairState {
 
 /// Starts the repair thread; it ends when `stop` is set.
 pub fn spawn(
-    state: Arc<NativeState>,
+    state: Arc<Node>,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
@@ -120,7 +121,7 @@ pub fn spawn(
 }
 
 /// One pass: spec, catalog, copies.
-fn step(state: &NativeState, stop: &AtomicBool) {
+fn step(state: &Node, stop: &AtomicBool) {
     if state.cluster.read().is_none() {
         if !state.repair.join.is_empty() {
             learn_spec(state);
@@ -140,12 +141,12 @@ fn step(state: &NativeState, stop: &AtomicBool) {
     }
 }
 
-fn token(state: &NativeState) -> Option<&str> {
+fn token(state: &Node) -> Option<&str> {
     state.token.as_deref()
 }
 
 /// The specs the `--join` peers that answer hold (those that have one).
-fn peer_specs(state: &NativeState) -> Vec<ClusterSpec> {
+fn peer_specs(state: &Node) -> Vec<ClusterSpec> {
     let mut out = Vec::new();
     for addr in &state.repair.join {
         let got = Peer::connect(addr, token(state), state.tls.as_deref()).and_then(|mut p| {
@@ -172,11 +173,7 @@ fn peer_specs(state: &NativeState) -> Vec<ClusterSpec> {
 /// when a `--join` peer already holds a spec (the repair thread then learns it from them; a
 /// server the cluster has since removed gets none, and serves nothing, rather than the stale
 /// file's).
-pub fn use_spec_file(
-    state: &NativeState,
-    file: &ClusterSpec,
-    committed: Option<&ClusterSpec>,
-) -> bool {
+pub fn use_spec_file(state: &Node, file: &ClusterSpec, committed: Option<&ClusterSpec>) -> bool {
     let why = match committed {
         Some(c) => format!(
             "this server's data directory holds the committed spec (epoch {:016x})",
@@ -197,7 +194,7 @@ pub fn use_spec_file(
 }
 
 /// Installs the spec most `--join` peers hold that lists this server.
-fn learn_spec(state: &NativeState) {
+fn learn_spec(state: &Node) {
     let mut seen: HashMap<u64, (usize, ClusterSpec)> = HashMap::new();
     for spec in peer_specs(state) {
         if spec.index_of(&state.server_id).is_some() {
@@ -215,7 +212,7 @@ fn learn_spec(state: &NativeState) {
 }
 
 /// The spec's members other than this server.
-fn peers(state: &NativeState) -> Vec<String> {
+fn peers(state: &Node) -> Vec<String> {
     let cluster = state.cluster.read();
     let Some(c) = cluster.as_ref() else {
         return Vec::new();
@@ -229,7 +226,7 @@ fn peers(state: &NativeState) -> Vec<String> {
 
 /// Adopts the tables, versions and marks the peers hold and this server lacks. True once at
 /// least one peer answered (or there is none).
-fn learn_catalog(state: &NativeState) -> bool {
+fn learn_catalog(state: &Node) -> bool {
     let peers = peers(state);
     if peers.is_empty() {
         return true;
@@ -263,7 +260,7 @@ fn learn_catalog(state: &NativeState) -> bool {
 }
 
 /// Brings table `name` in line with the peers' descriptions of it.
-fn adopt(state: &NativeState, name: &str, infos: Vec<wire::TableInfo>) -> Result<(), String> {
+fn adopt(state: &Node, name: &str, infos: Vec<wire::TableInfo>) -> Result<(), String> {
     // The incarnation most peers hold wins; a tie is left alone (reported).
     let mut votes: BTreeMap<u64, usize> = BTreeMap::new();
     for t in &infos {
@@ -375,7 +372,7 @@ fn adopt(state: &NativeState, name: &str, infos: Vec<wire::TableInfo>) -> Result
 /// installed ([`reconcile_deferred`], under the spec's write lock, so no request routed under
 /// that spec reads them unmarked; requests routed under a spec are refused until then).
 pub fn reconcile_replayed(
-    state: &NativeState,
+    state: &Node,
     name: &str,
     replayed: &[u32],
     copying: &[u32],
@@ -403,7 +400,7 @@ pub fn reconcile_replayed(
 
 /// The first spec is being installed (`cluster`, not yet published): marks the replayed
 /// versions [`reconcile_replayed`] deferred. The repair thread copies or serves them.
-pub fn reconcile_deferred(state: &NativeState, cluster: &ClusterState) {
+pub fn reconcile_deferred(state: &Node, cluster: &ClusterState) {
     let deferred = std::mem::take(&mut *state.repair.deferred.lock());
     for (name, versions) in deferred {
         mark_replayed(state, Some(cluster), &name, &versions, &[]);
@@ -411,7 +408,7 @@ pub fn reconcile_deferred(state: &NativeState, cluster: &ClusterState) {
 }
 
 fn mark_replayed(
-    state: &NativeState,
+    state: &Node,
     cluster: Option<&ClusterState>,
     name: &str,
     replayed: &[u32],
@@ -469,7 +466,7 @@ fn mark_replayed(
 /// or it lists the partition as repairing); a partition some peer serves stays pending, and is
 /// copied once this server takes writes (a copy taken before would miss the writes made until
 /// then).
-pub fn serve_unserved(state: &NativeState, marked: &[(String, u32, Vec<u32>)]) {
+pub fn serve_unserved(state: &Node, marked: &[(String, u32, Vec<u32>)]) {
     if marked.is_empty() {
         return;
     }
@@ -522,7 +519,7 @@ type Repairing = (String, u32, u32);
 
 /// What peer `addr` is repairing (CLUSTER_STATUS `repairing` lines), or `None` if it does not
 /// answer.
-fn repairing_on(state: &NativeState, addr: &str) -> Option<Vec<Repairing>> {
+fn repairing_on(state: &Node, addr: &str) -> Option<Vec<Repairing>> {
     let text = Peer::connect(addr, token(state), state.tls.as_deref())
         .and_then(|mut p| {
             p.call(&Request::ClusterStatus, |r| match r {
@@ -569,7 +566,7 @@ impl std::fmt::Display for CopyError {
 }
 
 /// Copies in every pending partition of table `name`.
-fn copy_pending(state: &NativeState, name: &str) {
+fn copy_pending(state: &Node, name: &str) {
     let Ok(pending) = state.tables.pending(name) else {
         return;
     };
@@ -685,7 +682,7 @@ fn copy_pending(state: &NativeState, name: &str) {
 
 /// Copies one (version, partition) from `src` and imports it.
 fn copy_one(
-    state: &NativeState,
+    state: &Node,
     peers: &mut HashMap<String, Peer>,
     src: &str,
     spec: &TableSpec,
@@ -776,7 +773,7 @@ fn copy_one(
 /// partition is in (persist.rs). Only then does the partition stop being pending; on an error
 /// it stays pending and a later pass copies it again. Returns (items stored, keys dropped).
 fn import_open(
-    state: &NativeState,
+    state: &Node,
     spec: &TableSpec,
     version: u32,
     partition: u32,

@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, watch};
 use crate::buffers::BufferMemory;
 use crate::config::Config;
 use crate::conn;
-use crate::native::NativeState;
+use crate::node::Node;
 use crate::stats::{Settings, Shared, WorkerStats};
 use ramgrid_proto::cluster::ClusterSpec;
 use ramgrid_store::tables::{Tables, TablesConfig};
@@ -36,7 +36,7 @@ pub struct ServerHandle {
     addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
-    native: Arc<NativeState>,
+    node: Arc<Node>,
     stop: watch::Sender<bool>,
     stopping: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
@@ -60,8 +60,8 @@ impl ServerHandle {
     }
 
     /// Native-protocol state (tables, cluster spec), for tests and embedding.
-    pub fn native(&self) -> &Arc<NativeState> {
-        &self.native
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
     }
 
     /// The shared-memory segments this server keeps for local readers (shm.rs).
@@ -73,8 +73,8 @@ impl ServerHandle {
     /// (bounded by the shutdown grace period).
     pub fn shutdown(self) {
         self.stopping.store(true, Ordering::SeqCst);
-        self.native.repair.wake();
-        if let Some(m) = self.native.meta.get() {
+        self.node.repair.wake();
+        if let Some(m) = self.node.meta.get() {
             m.shutdown();
         }
         let _ = self.stop.send(true);
@@ -160,7 +160,7 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         workers: workers.clone(),
     });
 
-    let native = Arc::new(NativeState {
+    let node = Arc::new(Node {
         tables: Tables::new(TablesConfig {
             memory_limit: usize::try_from(config.table_memory).unwrap_or(usize::MAX),
             max_value_size: max_item,
@@ -179,39 +179,38 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         meta: Default::default(),
         metrics: Default::default(),
     });
-    native.metrics.set(shared.clone());
+    node.metrics.set(shared.clone());
     let meta = crate::meta::start(
-        &native,
-        config.data_dir.as_deref(),
+        &node,
+        config.meta_dir(),
         Duration::from_millis(config.failure_timeout_ms.max(1000)),
     )?;
-    let _ = native.meta.set(meta);
+    let _ = node.meta.set(meta);
     if let Some(path) = &config.cluster_spec {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read cluster spec {}", path.display()))?;
         let spec = ClusterSpec::parse_file(&text)
             .map_err(|e| anyhow::anyhow!("cluster spec {}: {e}", path.display()))?;
-        let committed = native.meta.get().and_then(|m| m.committed_spec());
-        if crate::repair::use_spec_file(&native, &spec, committed.as_ref()) {
-            native
-                .install_spec(spec)
+        let committed = node.meta.get().and_then(|m| m.committed_spec());
+        if crate::repair::use_spec_file(&node, &spec, committed.as_ref()) {
+            node.install_spec(spec)
                 .map_err(|e| anyhow::anyhow!("cluster spec {}: {e}", path.display()))?;
         }
     }
 
-    if let Some(p) = &native.persist {
+    if let Some(p) = &node.persist {
         // Before any connection is served: a client never sees a table half loaded.
-        let cluster = native.cluster.read().clone();
+        let cluster = node.cluster.read().clone();
         let loaded = p.load(
-            &native.tables,
-            |spec| crate::native::held_partitions(cluster.as_ref(), spec),
+            &node.tables,
+            |spec| crate::cluster::held_partitions(cluster.as_ref(), spec),
             |msg| tracing::info!("data dir: {msg}"),
         );
         let mut marked = Vec::new();
         for l in loaded {
             // Replayed open versions are reconciled with a live replica before they are read.
             for (v, parts) in
-                crate::repair::reconcile_replayed(&native, &l.name, &l.replayed, &l.copying)
+                crate::repair::reconcile_replayed(&node, &l.name, &l.replayed, &l.copying)
             {
                 marked.push((l.name.clone(), v, parts));
             }
@@ -239,21 +238,21 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
             );
         }
         // Whatever no other replica serves now is served as replayed from the first request on.
-        crate::repair::serve_unserved(&native, &marked);
+        crate::repair::serve_unserved(&node, &marked);
     }
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopping = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
-    handles.push(crate::repair::spawn(native.clone(), stopping.clone())?);
-    if native.cluster.read().is_some() {
+    handles.push(crate::repair::spawn(node.clone(), stopping.clone())?);
+    if node.cluster.read().is_some() {
         // A spec from --cluster-spec: learn the tables from the peers too.
-        native.repair.needs_catalog.store(true, Ordering::Release);
+        node.repair.needs_catalog.store(true, Ordering::Release);
     }
-    native.repair.wake();
+    node.repair.wake();
     let shm = Arc::new(crate::shm::Segments::default());
     if let Some(path) = crate::shm::socket_for(Some(&config.shm_dir), &addr.to_string()) {
-        if let Some(h) = crate::shm::start(path, native.clone(), shm.clone(), stopping.clone()) {
+        if let Some(h) = crate::shm::start(path, node.clone(), shm.clone(), stopping.clone()) {
             handles.push(h);
         }
     }
@@ -261,8 +260,8 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
     if let Some(at) = config.metrics {
         let l = TcpListener::bind(at).with_context(|| format!("cannot serve metrics on {at}"))?;
         metrics_addr = Some(l.local_addr()?);
-        let (shared, native) = (shared.clone(), native.clone());
-        handles.push(crate::metrics::spawn(l, shared, native, stop_rx.clone())?);
+        let (shared, node) = (shared.clone(), node.clone());
+        handles.push(crate::metrics::spawn(l, shared, node, stop_rx.clone())?);
     }
     let mut senders = Vec::new();
     for (i, stats) in workers.into_iter().enumerate() {
@@ -270,14 +269,14 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         let (tx, rx) = mpsc::unbounded_channel::<TcpStream>();
         senders.push(tx);
         let shared = shared.clone();
-        let native = native.clone();
+        let node = node.clone();
         let stop = stop_rx.clone();
         let write_timeout = config.write_timeout();
         handles.push(
             std::thread::Builder::new()
                 .name(format!("ramgrid-worker-{i}"))
                 .spawn(move || {
-                    worker_main(rx, shared, native, stats, stop, write_timeout, crawler)
+                    worker_main(rx, shared, node, stats, stop, write_timeout, crawler)
                 })?,
         );
     }
@@ -305,7 +304,7 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         addr,
         metrics_addr,
         shared,
-        native,
+        node,
         stop: stop_tx,
         stopping,
         threads: handles,
@@ -374,7 +373,7 @@ fn reject(stream: TcpStream) {
 fn worker_main(
     mut rx: mpsc::UnboundedReceiver<TcpStream>,
     shared: Arc<Shared>,
-    native: Arc<NativeState>,
+    node: Arc<Node>,
     stats: Arc<WorkerStats>,
     mut stop: watch::Receiver<bool>,
     write_timeout: Duration,
@@ -415,16 +414,16 @@ fn worker_main(
                 s = rx.recv() => {
                     let Some(s) = s else { break };
                     let shared = shared.clone();
-                    let native = native.clone();
+                    let node = node.clone();
                     let stats = stats.clone();
                     let stop = local_rx.clone();
                     tasks.spawn_local(async move {
                         if let Ok(s) = s.set_nonblocking(true).and_then(|_| tokio::net::TcpStream::from_std(s)) {
-                            match native.tls.clone() {
-                                None => conn::serve(s, &shared, &native, &stats, stop, write_timeout).await,
+                            match node.tls.clone() {
+                                None => conn::serve(s, &shared, &node, &stats, stop, write_timeout).await,
                                 Some(tls) => {
                                     if let Some(s) = handshake(&tls, s, &shared, &stats, stop.clone()).await {
-                                        conn::serve(s, &shared, &native, &stats, stop, write_timeout).await;
+                                        conn::serve(s, &shared, &node, &stats, stop, write_timeout).await;
                                     }
                                 }
                             }

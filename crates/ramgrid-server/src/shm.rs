@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use ramgrid_proto::shm::{body_len, Reply, Request, Segment, FDS_PER_MESSAGE};
 
-use crate::native::NativeState;
+use crate::node::Node;
 
 /// How often segments of dropped versions are let go.
 const SWEEP: Duration = Duration::from_millis(500);
@@ -60,16 +60,16 @@ impl Segments {
     }
 
     /// Let go of every segment whose version, table or partition is no longer here.
-    fn sweep(&self, native: &NativeState) {
+    fn sweep(&self, node: &Node) {
         self.fds
             .lock()
             .retain(|(table, inc, version, p), (_, len)| {
-                let keep = native
+                let keep = node
                     .tables
                     .at(table, *version)
                     .is_ok_and(|tv| tv.spec().incarnation == *inc && tv.is_held(*p));
                 if !keep {
-                    native.tables.release_outside(*len as usize);
+                    node.tables.release_outside(*len as usize);
                 }
                 keep
             });
@@ -119,7 +119,7 @@ fn private_dir(dir: &Path) -> Result<(), String> {
 /// is logged and leaves the server without shared memory (clients then read over TCP).
 pub fn start(
     path: PathBuf,
-    native: Arc<NativeState>,
+    node: Arc<Node>,
     segments: Arc<Segments>,
     stopping: Arc<AtomicBool>,
 ) -> Option<std::thread::JoinHandle<()>> {
@@ -134,7 +134,7 @@ pub fn start(
     std::thread::Builder::new()
         .name("ramgrid-shm".into())
         .spawn(move || {
-            serve(&listener, &native, &segments, &stopping);
+            serve(&listener, &node, &segments, &stopping);
             let _ = std::fs::remove_file(&path);
         })
         .ok()
@@ -158,7 +158,7 @@ fn bind(path: &Path) -> Result<UnixListener, String> {
     Ok(l)
 }
 
-fn serve(l: &UnixListener, native: &NativeState, segments: &Segments, stopping: &AtomicBool) {
+fn serve(l: &UnixListener, node: &Node, segments: &Segments, stopping: &AtomicBool) {
     let mut swept = Instant::now();
     while !stopping.load(Ordering::Acquire) {
         let mut pfd = libc::pollfd {
@@ -169,12 +169,12 @@ fn serve(l: &UnixListener, native: &NativeState, segments: &Segments, stopping: 
         // SAFETY: one valid pollfd, for the duration of the call.
         unsafe { libc::poll(&mut pfd, 1, 200) };
         if swept.elapsed() >= SWEEP {
-            segments.sweep(native);
+            segments.sweep(node);
             swept = Instant::now();
         }
         match l.accept() {
             Ok((s, _)) => {
-                if let Err(e) = answer(s, native, segments) {
+                if let Err(e) = answer(s, node, segments) {
                     tracing::debug!("shared-memory request: {e}");
                 }
             }
@@ -211,11 +211,11 @@ fn peer_uid(s: &UnixStream) -> std::io::Result<u32> {
     Ok(cred.uid)
 }
 
-fn answer(mut s: UnixStream, native: &NativeState, segments: &Segments) -> std::io::Result<()> {
+fn answer(mut s: UnixStream, node: &Node, segments: &Segments) -> std::io::Result<()> {
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(IO_TIMEOUT))?;
     s.set_write_timeout(Some(IO_TIMEOUT))?;
-    let (reply, fds) = match decide(&mut s, native, segments) {
+    let (reply, fds) = match decide(&mut s, node, segments) {
         Ok(granted) => {
             segments.granted.fetch_add(1, Ordering::Relaxed);
             granted
@@ -232,7 +232,7 @@ fn answer(mut s: UnixStream, native: &NativeState, segments: &Segments) -> std::
 
 fn decide(
     s: &mut UnixStream,
-    native: &NativeState,
+    node: &Node,
     segments: &Segments,
 ) -> Result<(Reply, Vec<Arc<OwnedFd>>), String> {
     // The request is read whole before any check, so that a refusal reaches a peer that is still
@@ -251,7 +251,7 @@ fn decide(
         ));
     }
     let req = Request::decode(&body).map_err(|e| e.to_string())?;
-    if let Some(token) = &native.token {
+    if let Some(token) = &node.token {
         if !crate::auth::token_matches(&req.token, token) {
             return Err("bad or missing token".into());
         }
@@ -259,7 +259,7 @@ fn decide(
     if req.version == 0 {
         return Err("only a pinned (sealed) version is shared: name its number".into());
     }
-    let tv = native
+    let tv = node
         .tables
         .at(&req.table, req.version)
         .map_err(|e| e.to_string())?;
@@ -276,7 +276,7 @@ fn decide(
             req.version
         ));
     }
-    segments.sweep(native);
+    segments.sweep(node);
     let mut no_room = Vec::new();
     let mut list = Vec::new();
     let mut fds = Vec::new();
@@ -293,7 +293,7 @@ fn decide(
                 // A segment is a second copy of the partition on this host (until the version is
                 // dropped): charged to --table-memory like the tables, so sharing never takes
                 // memory the operator did not give. Without room, the partition is read over TCP.
-                if !native.tables.try_charge_outside(img.len()) {
+                if !node.tables.try_charge_outside(img.len()) {
                     no_room.push(p);
                     continue;
                 }
@@ -307,7 +307,7 @@ fn decide(
                 ) {
                     Ok(fd) => Arc::new(fd),
                     Err(e) => {
-                        native.tables.release_outside(img.len());
+                        node.tables.release_outside(img.len());
                         return Err(format!("memfd: {e}"));
                     }
                 };
@@ -337,7 +337,7 @@ fn decide(
     }
     Ok((
         Reply::Granted {
-            server_id: native.server_id.clone(),
+            server_id: node.server_id.clone(),
             incarnation: inc,
             version: req.version,
             partitions: tv.spec().partitions,

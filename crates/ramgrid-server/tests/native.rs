@@ -245,7 +245,7 @@ fn nothing_before_auth() {
     assert_eq!(c.hello(b"wrong"), Status::AuthFailed);
     assert_eq!(create_f64(&mut c, "t", 4), Status::AuthRequired);
     assert!(
-        h.native().tables.list().is_empty(),
+        h.node().tables.list().is_empty(),
         "a refused request created a table"
     );
     assert_eq!(c.hello(b"s3cret"), Status::Ok);

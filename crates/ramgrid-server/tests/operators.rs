@@ -11,7 +11,8 @@ use clap::Parser;
 use ramgrid_client::{Client, ClientConfig, Error, Keys, OpResult, OpSpec, Predicate, ValuesRef};
 use ramgrid_proto::cluster::ClusterSpec;
 use ramgrid_proto::native::ValueType;
-use ramgrid_server::native::{NativeState, OPERATOR_AFTER_PASS_HOOK};
+use ramgrid_server::native::OPERATOR_AFTER_PASS_HOOK;
+use ramgrid_server::node::Node;
 use ramgrid_server::{start, Config, ServerHandle};
 use rand::{Rng, SeedableRng};
 
@@ -55,7 +56,7 @@ fn two_servers_and_a_swapped_spec(n: i64) -> (Vec<ServerHandle>, Client, Vec<f64
 }
 
 /// What the hook does: set by one test at a time (the hook itself is process-wide).
-type Hook = Box<dyn Fn(&NativeState, u32) + Send>;
+type Hook = Box<dyn Fn(&Node, u32) + Send>;
 static HOOK: Mutex<Option<Hook>> = Mutex::new(None);
 static HOOK_LOCK: Mutex<()> = Mutex::new(());
 
@@ -322,7 +323,7 @@ fn an_epoch_change_during_a_pass_refuses_the_partition_and_only_it_is_asked_agai
     let _g = HOOK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     install_hook();
     let (servers, c, xs, swapped) = two_servers_and_a_swapped_spec(5000);
-    let states: Vec<Arc<NativeState>> = servers.iter().map(|s| s.native().clone()).collect();
+    let states: Vec<Arc<Node>> = servers.iter().map(|s| s.node().clone()).collect();
     let fired = Arc::new(AtomicBool::new(false));
     let passes = Arc::new(AtomicUsize::new(0));
     {
@@ -369,7 +370,7 @@ fn partitions_of_a_frame_refused_whole_for_a_stale_map_count_as_asked_again() {
     // Another epoch installed before the operator: every frame is refused before any pass (as a
     // server whose frame arrives after a change made during another server's pass).
     for s in &servers {
-        s.native().install_spec(swapped.clone()).unwrap();
+        s.node().install_spec(swapped.clone()).unwrap();
     }
     let a = c
         .run_op("t", 0, 0, &OpSpec::Count { predicate: None })
@@ -397,7 +398,7 @@ fn a_partition_that_keeps_being_refused_is_named_in_the_error() {
         ClusterSpec::parse(&format!("server {}\nserver {}\n", addrs[1], addrs[0])).unwrap(),
         ClusterSpec::parse(&format!("server {}\nserver {}\n", addrs[0], addrs[1])).unwrap(),
     ];
-    let states: Vec<Arc<NativeState>> = servers.iter().map(|s| s.native().clone()).collect();
+    let states: Vec<Arc<Node>> = servers.iter().map(|s| s.node().clone()).collect();
     let flip = Arc::new(AtomicUsize::new(0));
     // Every pass over partition 2 changes the epoch (to the other order each time, so never to
     // the one the pass started under): it can never be exact; the others can.

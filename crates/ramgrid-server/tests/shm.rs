@@ -245,18 +245,18 @@ fn shared_copies_are_charged_to_the_table_budget_and_what_does_not_fit_is_read_o
     let roomy = server(&[]);
     let probe = client(&[&roomy], None);
     fill(&probe, "budget", ValueType::Bytes, 8, 1);
-    let used = roomy.native().tables.memory_used();
+    let used = roomy.node().tables.memory_used();
     let limit = format!("{}B", used + used / 2);
     let a = server(&["--table-memory", &limit]);
     let c = client(&[&a], None);
     let v = fill(&c, "budget", ValueType::Bytes, 8, 1);
-    let before = a.native().tables.memory_used();
+    let before = a.node().tables.memory_used();
     let info = c.shm_attach("budget", 0, v).unwrap();
     assert!(
         !info.mapped.is_empty() && info.mapped.len() < 8,
         "{info:?} (used {before} of {limit})"
     );
-    let tables = &a.native().tables;
+    let tables = &a.node().tables;
     assert!(tables.memory_used() > before && tables.memory_used() <= tables.memory_limit());
     let keys = all_keys();
     let plain = client(&[&a], None);
@@ -269,11 +269,11 @@ fn shared_copies_are_charged_to_the_table_budget_and_what_does_not_fit_is_read_o
     // Dropping the table gives the copies' charge back with the table's.
     c.drop_table("budget").unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !a.shm().is_empty() || a.native().tables.memory_used() > 0 {
+    while !a.shm().is_empty() || a.node().tables.memory_used() > 0 {
         assert!(
             Instant::now() < deadline,
             "charge kept: {} bytes, {} segments",
-            a.native().tables.memory_used(),
+            a.node().tables.memory_used(),
             a.shm().len()
         );
         std::thread::sleep(Duration::from_millis(50));

@@ -117,6 +117,9 @@ class CachedFileSystem(_Base):
         self.verify_batch, self.verify_delay = 32, 1.0
         self._pending: dict[tuple[str, str], dict[bytes, bytes]] = {}
         self._pending_lock = threading.Lock()
+        # Held for a whole flush, so that a flush returns only once every block deferred before it is stored,
+        # including those a timer's flush took out of `_pending` a moment earlier.
+        self._flush_lock = threading.Lock()
         self._timer: threading.Timer | None = None
         self.counters = {"block_near": 0, "block_grid": 0, "block_fs": 0, "meta_fs": 0, "changed": 0}
 
@@ -320,6 +323,10 @@ class CachedFileSystem(_Base):
         """Confirms the identity of every file with blocks read but not yet stored, in batches: one LISTSTATUS
         per directory with several such files (it refreshes their metadata too), one status request otherwise;
         stores the blocks of unchanged files and drops the rest."""
+        with self._flush_lock:
+            self._flush_pending()
+
+    def _flush_pending(self) -> None:
         with self._pending_lock:
             pending, self._pending = self._pending, {}
             if self._timer is not None:

@@ -23,7 +23,7 @@ use ramgrid_proto::native::{ErrorReply, Request, Status, VersionRef};
 use tokio::time::Instant;
 
 use super::{no_quorum, Meta};
-use crate::native::NativeState;
+use crate::node::Node;
 
 /// How long a SET_CURRENT waits for the committed switch to be installed here.
 const INSTALL_WAIT: Duration = Duration::from_secs(5);
@@ -34,7 +34,7 @@ impl Meta {
     /// installer carried out), answer it.
     pub(super) async fn catalog(
         self: &Arc<Self>,
-        state: &NativeState,
+        state: &Node,
         req: &Request<'_>,
     ) -> Result<bool, ErrorReply> {
         // Asked of the node, not the keeper's flag, which may lag a just-added member by a tick.
@@ -55,11 +55,7 @@ impl Meta {
     }
 
     /// CREATE_TABLE and DROP_TABLE: the group decides first, then the server applies the request.
-    async fn tables(
-        self: &Arc<Self>,
-        state: &NativeState,
-        req: &Request<'_>,
-    ) -> Result<(), ErrorReply> {
+    async fn tables(self: &Arc<Self>, state: &Node, req: &Request<'_>) -> Result<(), ErrorReply> {
         let cmd = match req {
             Request::CreateTable(c) => {
                 let mut spec = Vec::new();
@@ -99,7 +95,7 @@ impl Meta {
     /// CREATE_VERSION: the number is the group's before any server creates it.
     async fn create_version(
         self: &Arc<Self>,
-        state: &NativeState,
+        state: &Node,
         v: &VersionRef<'_>,
     ) -> Result<(), ErrorReply> {
         let Some(incarnation) = self.incarnation(state, v.table) else {
@@ -136,7 +132,7 @@ impl Meta {
     /// handler refuses it with the reason).
     async fn set_current(
         self: &Arc<Self>,
-        state: &NativeState,
+        state: &Node,
         v: &VersionRef<'_>,
     ) -> Result<bool, ErrorReply> {
         // Only a version this server holds sealed can be made current (the local handler then
@@ -196,7 +192,7 @@ impl Meta {
     }
 
     /// The incarnation of `table` here, else the one the group knows.
-    fn incarnation(&self, state: &NativeState, table: &str) -> Option<u64> {
+    fn incarnation(&self, state: &Node, table: &str) -> Option<u64> {
         match state.tables.describe(table) {
             Ok(info) => Some(info.spec.incarnation),
             Err(_) => self.node.state().tables.get(table).map(|t| t.incarnation),
@@ -206,7 +202,7 @@ impl Meta {
     /// Hands the installer the newest applied state (`sync`: as the truth, after a read through
     /// the leader), then installs what it can. The state is read under the installer's lock, so
     /// the states it sees never go back in the log, whichever task calls.
-    pub(super) fn observe_catalog(&self, state: &NativeState, sync: bool) {
+    pub(super) fn observe_catalog(&self, state: &Node, sync: bool) {
         let mut installer = self.installer.lock().unwrap_or_else(|p| p.into_inner());
         let ms = self.node.state();
         if sync {
@@ -283,7 +279,7 @@ impl Installer {
 
     /// Installs each wanted version this server holds sealed; keeps the others for later (a
     /// table or version still being copied in).
-    pub(crate) fn install(&mut self, state: &NativeState) {
+    pub(crate) fn install(&mut self, state: &Node) {
         self.wanted.retain(|name, &mut (incarnation, version)| {
             let Ok(info) = state.tables.describe(name) else {
                 return true;

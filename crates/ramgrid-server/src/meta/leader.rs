@@ -28,7 +28,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::Meta;
-use crate::native::NativeState;
+use crate::node::Node;
 
 /// How often every server is probed.
 const PING_EVERY: Duration = Duration::from_millis(250);
@@ -109,7 +109,7 @@ impl Leader {
         }
     }
 
-    pub async fn tick(&mut self, state: &NativeState, meta: &Meta) {
+    pub async fn tick(&mut self, state: &Node, meta: &Meta) {
         let now = Instant::now();
         if self
             .last_ping

@@ -40,7 +40,7 @@ use ramgrid_proto::cluster::ClusterSpec;
 use ramgrid_proto::native::{self as wire, ErrorReply, Opcode, Request, Response, Status};
 use tokio::time::Instant;
 
-use crate::native::NativeState;
+use crate::node::Node;
 use transport::Pool;
 
 /// How often the keeper looks at the lease, the group and (on the leader) the servers.
@@ -78,18 +78,14 @@ pub struct Meta {
 
 /// Starts this server's member, its runtime (two threads of its own) and its tasks.
 pub fn start(
-    state: &Arc<NativeState>,
-    data_dir: Option<&std::path::Path>,
+    state: &Arc<Node>,
+    dir: Option<std::path::PathBuf>,
     failure_timeout: Duration,
 ) -> anyhow::Result<Arc<Meta>> {
-    let dir = match data_dir {
-        Some(d) => {
-            let dir = d.join("meta");
-            std::fs::create_dir_all(&dir)?;
-            Some(dir)
-        }
-        None => None,
-    };
+    if let Some(d) = &dir {
+        std::fs::create_dir_all(d)
+            .map_err(|e| anyhow::anyhow!("state directory {}: {e}", d.display()))?;
+    }
     let id = node_id(dir.as_deref(), &state.server_id)?;
     let mut config = MetaConfig::new(id, state.server_id.clone());
     config.dir = dir;
@@ -175,6 +171,16 @@ fn node_id(dir: Option<&std::path::Path>, addr: &str) -> anyhow::Result<NodeId> 
     }
 }
 
+impl Node {
+    /// NO_QUORUM while this server is cut off from the metadata group ([`Meta::check_quorum`]).
+    pub fn check_quorum(&self) -> Result<(), ErrorReply> {
+        match self.meta.get() {
+            Some(m) => m.check_quorum(),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Meta {
     /// The spec the group committed, as this node knows it now (from its data directory at a
     /// restart); `None` before it has learned one.
@@ -245,7 +251,7 @@ impl Meta {
     /// `out`, with the refusal's status if it was one.
     pub async fn answer(
         self: &Arc<Self>,
-        state: &NativeState,
+        state: &Node,
         req: &Request<'_>,
         op: Opcode,
         id: u64,
@@ -292,7 +298,7 @@ impl Meta {
     /// SET_SPEC: a proposal on a member, a plain install outside any group (module docs, 2).
     async fn set_spec(
         self: &Arc<Self>,
-        state: &NativeState,
+        state: &Node,
         spec: ClusterSpec,
     ) -> Result<u64, ErrorReply> {
         if !self.member.load(Ordering::Acquire) && !self.is_member() {
@@ -506,7 +512,7 @@ fn command_for(ms: &MetaState, spec: &ClusterSpec) -> Result<Option<MetaCommand>
 }
 
 /// Installs every committed state's spec here.
-async fn watch_task(state: Weak<NativeState>, meta: Arc<Meta>) {
+async fn watch_task(state: Weak<Node>, meta: Arc<Meta>) {
     let mut rx = meta.node.watch();
     loop {
         let ms = rx.borrow_and_update().clone();
@@ -521,7 +527,7 @@ async fn watch_task(state: Weak<NativeState>, meta: Arc<Meta>) {
 
 /// Installs `ms`'s spec; if this server was failed over since it last looked, it first forgets
 /// everything it holds (it may have missed writes) and copies it in again.
-fn apply(state: &NativeState, meta: &Meta, ms: &MetaState) {
+fn apply(state: &Node, meta: &Meta, ms: &MetaState) {
     meta.observe_catalog(state, false);
     let Some(spec) = spec_of(ms) else { return };
     let count = ms.failures.get(&meta.server_id).copied().unwrap_or(0);
@@ -543,7 +549,7 @@ fn apply(state: &NativeState, meta: &Meta, ms: &MetaState) {
 }
 
 /// The lease, catching up after a gap, forming a group, and the leader's duties.
-async fn keeper_task(state: Weak<NativeState>, meta: Arc<Meta>) {
+async fn keeper_task(state: Weak<Node>, meta: Arc<Meta>) {
     let mut last_tick = Instant::now();
     let mut last_bootstrap = Instant::now();
     let mut leading: Option<leader::Leader> = None;
@@ -597,7 +603,7 @@ async fn keeper_task(state: Weak<NativeState>, meta: Arc<Meta>) {
 }
 
 /// After a gap: read the group's state through the leader, install it, serve again.
-async fn catch_up(state: &NativeState, meta: &Meta) {
+async fn catch_up(state: &Node, meta: &Meta) {
     let read = tokio::time::timeout(Duration::from_secs(2), meta.node.linearizable_state()).await;
     if let Ok(Ok(ms)) = read {
         tokio::task::block_in_place(|| {
@@ -611,7 +617,7 @@ async fn catch_up(state: &NativeState, meta: &Meta) {
 
 /// The first read of the group's state through the leader since this server started: from it
 /// on, the installer installs committed switches (`catalog::Installer`).
-async fn sync_installer(state: &NativeState, meta: &Meta) {
+async fn sync_installer(state: &Node, meta: &Meta) {
     let read = tokio::time::timeout(Duration::from_secs(2), meta.node.linearizable_state()).await;
     if let Ok(Ok(_)) = read {
         tokio::task::block_in_place(|| meta.observe_catalog(state, true));
@@ -620,7 +626,7 @@ async fn sync_installer(state: &NativeState, meta: &Meta) {
 
 /// Forms a group if this server is the first of its first spec and every other server of it
 /// answers and is in none (module docs, 1).
-async fn bootstrap(state: &NativeState, meta: &Meta) {
+async fn bootstrap(state: &Node, meta: &Meta) {
     let cluster = state.cluster.read().clone();
     let Some(c) = cluster else { return };
     if c.spec.next().is_some() || c.spec.servers().first() != Some(&meta.server_id) {

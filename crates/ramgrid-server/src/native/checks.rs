@@ -5,8 +5,8 @@
 use ramgrid_proto::native::{ErrorReply, Status};
 use ramgrid_store::tables::TableVersion;
 
-use super::convert::refusal;
-use super::NativeState;
+use crate::convert::refusal;
+use crate::node::Node;
 
 /// Refuses a batch meant for another incarnation of the table (one dropped since, whose name was
 /// used again): its keys, types and version numbers are not this table's. 0 names any.
@@ -65,7 +65,7 @@ pub(super) fn check_held(
 /// epoch, quorum, the table version asked for and its incarnation. Returns that version and the
 /// epoch the pass starts under (for [`after_pass`]).
 pub(super) fn before_pass(
-    state: &NativeState,
+    state: &Node,
     table: &str,
     version: u32,
     epoch: u64,
@@ -76,17 +76,33 @@ pub(super) fn before_pass(
         check_epoch(&cluster, epoch, false)?;
         cluster.as_ref().map_or(0, |c| c.epoch)
     };
-    state.check_quorum()?;
     let tv = state.tables.at(table, version).map_err(|e| refusal(&e))?;
+    check_read_quorum(state, &tv, version)?;
     check_incarnation(&tv, incarnation)?;
     Ok((tv, started))
+}
+
+/// The quorum a read needs. A sealed version asked for by number (a pinned read) is the same on
+/// every replica and never changes, so it is served without the metadata group: reads of pinned
+/// versions go on while the control plane has no majority or this server is cut off from it
+/// (docs/control-plane.md, "Without a majority"). Anything else (the current version, an open
+/// version) needs the lease, so a cut-off server never serves what the majority changed since.
+pub(super) fn check_read_quorum(
+    state: &Node,
+    tv: &TableVersion,
+    asked: u32,
+) -> Result<(), ErrorReply> {
+    match state.check_quorum() {
+        Err(_) if asked != 0 && tv.is_sealed() => Ok(()),
+        other => other,
+    }
 }
 
 /// What a pass checks after reading partition `p` of `tv`: its result stands only if nothing that
 /// decides who answers for the partition changed while it ran (the epoch, the table's incarnation,
 /// this server holding `p`, `p` not being copied in). The refusal names `p` and why.
 pub(super) fn after_pass(
-    state: &NativeState,
+    state: &Node,
     tv: &TableVersion,
     p: u32,
     started_epoch: u64,

@@ -4,10 +4,10 @@
 use ramgrid_proto::cluster::ClusterSpec;
 use ramgrid_proto::native::{ErrorReply, Opcode, Request, Response, SpecReply, Status};
 
-use super::NativeState;
+use crate::node::Node;
 
 pub(super) fn answer(
-    state: &NativeState,
+    state: &Node,
     op: Opcode,
     id: u64,
     req: &Request<'_>,

@@ -8,15 +8,15 @@ use ramgrid_proto::native::{self as wire, parse_frame, ErrorReply, FrameError, R
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::convert::disk_refusal;
 use super::data::reply_bound;
 use super::handler::Conn;
-use super::NativeState;
 use crate::buffers::ConnMemory;
+use crate::convert::disk_refusal;
 use crate::io::{
     flush, read_or_stop, NATIVE_OUT_HIGH_WATER as OUT_HIGH_WATER, NATIVE_READ_CHUNK as READ_CHUNK,
     OUT_BASE,
 };
+use crate::node::Node;
 use crate::stats::WorkerStats;
 
 /// How long a GET waits for buffer memory before composing only what fits (the client then asks
@@ -30,7 +30,7 @@ pub async fn serve(
     mut sock: impl crate::io::Stream,
     mut buf: Vec<u8>,
     mut end: usize,
-    state: &NativeState,
+    state: &Node,
     stats: &WorkerStats,
     mut stop: watch::Receiver<bool>,
     write_timeout: Duration,

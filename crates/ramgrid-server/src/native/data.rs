@@ -4,15 +4,13 @@
 use ramgrid_proto::native::{
     self as wire, ErrorReply, FrameError, GetReplyWriter, Opcode, Request, Status,
 };
-use ramgrid_store::tables::{
-    KeyStatus as StoreKeyStatus, MergeOp, TableVersion, ValueRef, ValueType,
-};
+use ramgrid_store::tables::{KeyStatus as StoreKeyStatus, MergeOp, TableVersion, ValueType};
 use ramgrid_store::Error as StoreError;
 
-use super::checks::{check_copied, check_epoch, check_held, check_incarnation};
-use super::convert::{refusal, store_value_type, wire_value_type};
+use super::checks::{check_copied, check_epoch, check_held, check_incarnation, check_read_quorum};
 use super::handler::Conn;
-use super::NativeState;
+use crate::convert::{refusal, store_value_type, value_ref, wire_value_type};
+use crate::node::Node;
 use crate::wal;
 
 /// The pairs of a PUT group that the store accepted, as log ops.
@@ -41,7 +39,7 @@ fn wal_deletes<'a>(
 const REPLY_HEADER_SLACK: usize = 64;
 
 /// The most a GET's reply can take: exact for fixed-width values; the body limit for bytes.
-pub(super) fn reply_bound(state: &NativeState, get: &wire::KeyBatch<'_>) -> usize {
+pub(super) fn reply_bound(state: &Node, get: &wire::KeyBatch<'_>) -> usize {
     let keys = get.groups.key_count();
     let width = state
         .tables
@@ -60,7 +58,7 @@ pub(super) fn reply_bound(state: &NativeState, get: &wire::KeyBatch<'_>) -> usiz
 impl Conn {
     pub(super) fn data(
         &mut self,
-        state: &NativeState,
+        state: &Node,
         id: u64,
         req: &Request<'_>,
         out: &mut Vec<u8>,
@@ -69,12 +67,12 @@ impl Conn {
         match req {
             Request::Get(b) => {
                 check_epoch(&state.cluster.read(), b.epoch, false)?;
-                state.check_quorum()?;
                 // Resolve the version once: every group of this frame reads that one version.
                 let tv = state
                     .tables
                     .at(b.table, b.version)
                     .map_err(|e| refusal(&e))?;
+                check_read_quorum(state, &tv, b.version)?;
                 check_incarnation(&tv, b.incarnation)?;
                 check_held(&tv, b.groups.iter().map(|g| g.partition))?;
                 check_copied(&tv, b.groups.iter().map(|g| g.partition))?;
@@ -209,21 +207,10 @@ fn merge_op(
     Ok(Some(op))
 }
 
-/// Decodes one wire value (already validated by the codec) into the store's view.
-pub(crate) fn value_ref(vt: ValueType, v: &[u8]) -> ValueRef<'_> {
-    let eight = |v: &[u8]| -> [u8; 8] { v.try_into().unwrap_or_default() };
-    match vt {
-        ValueType::I64 => ValueRef::I64(i64::from_le_bytes(eight(v))),
-        ValueType::F64 => ValueRef::F64(f64::from_le_bytes(eight(v))),
-        ValueType::F32Vec { .. } => ValueRef::F32VecLe(v),
-        ValueType::Bytes => ValueRef::Bytes(v),
-    }
-}
-
 /// The version a PUT or DELETE writes: resolved once, refused if sealed or if any of the request's
 /// partitions is not held here, before any key is touched.
 fn writable(
-    state: &NativeState,
+    state: &Node,
     table: &str,
     version: u32,
     incarnation: u64,

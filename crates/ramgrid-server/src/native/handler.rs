@@ -8,9 +8,9 @@ use ramgrid_proto::native::{
     Status, PROTOCOL_VERSION,
 };
 
-use super::convert::wire_key_status;
-use super::NativeState;
 use crate::auth;
+use crate::convert::wire_key_status;
+use crate::node::Node;
 use crate::wal::Log;
 
 /// Per-connection state: whether HELLO authenticated it, scratch buffers reused across frames,
@@ -34,7 +34,7 @@ impl Conn {
 
     pub(super) fn handle(
         &mut self,
-        state: &NativeState,
+        state: &Node,
         op: Opcode,
         id: u64,
         req: &Request<'_>,
@@ -48,7 +48,7 @@ impl Conn {
 
     fn try_handle(
         &mut self,
-        state: &NativeState,
+        state: &Node,
         op: Opcode,
         id: u64,
         req: &Request<'_>,

@@ -21,8 +21,8 @@ use ramgrid_proto::native::{
 use ramgrid_store::ops::{self as kernels, Op, OpOutput, Range};
 
 use super::checks::{after_pass, before_pass, check_copied, check_held};
-use super::convert::refusal;
-use super::NativeState;
+use crate::convert::refusal;
+use crate::node::Node;
 
 /// A test seam: when set, called after each partition's pass and before the checks that follow
 /// it (so a test can change the spec in the middle of an operator, deterministically).
@@ -30,13 +30,13 @@ use super::NativeState;
 pub static AFTER_PASS: OnceLock<AfterPass> = OnceLock::new();
 
 /// What [`AFTER_PASS`] holds: called with the server's state and the partition just passed over.
-pub type AfterPass = Box<dyn Fn(&NativeState, u32) + Send + Sync>;
+pub type AfterPass = Box<dyn Fn(&Node, u32) + Send + Sync>;
 
 /// Bytes of an OPERATOR reply besides its results (header, status, version, kind, count).
 const REPLY_SLACK: usize = 64;
 
 pub(super) fn answer(
-    state: &NativeState,
+    state: &Node,
     id: u64,
     req: &Request<'_>,
     out: &mut Vec<u8>,

@@ -22,14 +22,14 @@ use ramgrid_store::ops::Range;
 use ramgrid_store::tables::{PartitionView, ValueRef};
 
 use super::checks::{after_pass, before_pass, check_copied, check_held};
-use super::convert::{refusal, wire_value_type};
-use super::NativeState;
+use crate::convert::{refusal, wire_value_type};
+use crate::node::Node;
 
 /// Bytes of a SCAN reply besides its items (frame header, status, page head, count), generously.
 const REPLY_SLACK: usize = 128;
 
 pub(super) fn answer(
-    state: &NativeState,
+    state: &Node,
     id: u64,
     req: &Request<'_>,
     out: &mut Vec<u8>,

@@ -5,11 +5,12 @@ use ramgrid_proto::native::{self as wire, ErrorReply, Opcode, Request, Response,
 use ramgrid_store::tables::{self, TableSpec};
 use ramgrid_store::Error as StoreError;
 
-use super::convert::{disk_refusal, refusal, store_value_type, wire_value_type};
-use super::{held_partitions, NativeState};
+use crate::cluster::held_partitions;
+use crate::convert::{disk_refusal, refusal, store_value_type, wire_value_type};
+use crate::node::Node;
 
 pub(super) fn answer(
-    state: &NativeState,
+    state: &Node,
     op: Opcode,
     id: u64,
     req: &Request<'_>,

@@ -1,7 +1,9 @@
-//! The store's types and errors as the wire states them.
+//! The store's types and errors as the wire states them: the one mapping between the store's
+//! types and the native protocol's, used by the protocol handlers and by the node's behaviours
+//! (repair, export, persistence) alike.
 
 use ramgrid_proto::native::{self as wire, ErrorReply, Status};
-use ramgrid_store::tables::{KeyStatus as StoreKeyStatus, ValueType};
+use ramgrid_store::tables::{KeyStatus as StoreKeyStatus, ValueRef, ValueType};
 use ramgrid_store::Error as StoreError;
 
 pub(crate) fn store_value_type(vt: wire::ValueType) -> ValueType {
@@ -13,7 +15,7 @@ pub(crate) fn store_value_type(vt: wire::ValueType) -> ValueType {
     }
 }
 
-pub(super) fn wire_value_type(vt: ValueType) -> wire::ValueType {
+pub(crate) fn wire_value_type(vt: ValueType) -> wire::ValueType {
     match vt {
         ValueType::Bytes => wire::ValueType::Bytes,
         ValueType::I64 => wire::ValueType::I64,
@@ -22,7 +24,7 @@ pub(super) fn wire_value_type(vt: ValueType) -> wire::ValueType {
     }
 }
 
-pub(super) fn wire_key_status(s: u8) -> wire::KeyStatus {
+pub(crate) fn wire_key_status(s: u8) -> wire::KeyStatus {
     match StoreKeyStatus::from_u8(s) {
         Some(StoreKeyStatus::Ok) => wire::KeyStatus::Ok,
         Some(StoreKeyStatus::NotFound) | None => wire::KeyStatus::NotFound,
@@ -71,4 +73,15 @@ pub(crate) fn refusal(e: &StoreError) -> ErrorReply {
         _ => Status::BadRequest,
     };
     ErrorReply::new(status, e.to_string())
+}
+
+/// Decodes one wire value (already validated by the codec) into the store's view.
+pub(crate) fn value_ref(vt: ValueType, v: &[u8]) -> ValueRef<'_> {
+    let eight = |v: &[u8]| -> [u8; 8] { v.try_into().unwrap_or_default() };
+    match vt {
+        ValueType::I64 => ValueRef::I64(i64::from_le_bytes(eight(v))),
+        ValueType::F64 => ValueRef::F64(f64::from_le_bytes(eight(v))),
+        ValueType::F32Vec { .. } => ValueRef::F32VecLe(v),
+        ValueType::Bytes => ValueRef::Bytes(v),
+    }
 }
