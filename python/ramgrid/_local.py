@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ramgrid._clients import GridConfig, client_for, release_client
 from ramgrid.exceptions import RamgridError, ServerStartError
 from ramgrid.grid import Grid
+from ramgrid.health import group_health
 from ramgrid.tls import TLS
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ def start_servers(
 ) -> list[ServerProcess]:
     """Starts `n` servers on loopback ports chosen by the OS and waits for each one's listening line. With
     `data_dir`, server i keeps its snapshots in `data_dir/server-i`; without, its control-plane state (Raft id,
-    vote, log) in `log_dir/state-i`.
+    vote, log) in `log_dir/meta-i`.
 
     Raises ServerStartError (after stopping the ones that did start) if a server exits or says nothing in time.
     """
@@ -133,10 +134,10 @@ def start_servers(
 
 
 def _data_args(data_dir: Path | None, i: int, state_root: Path) -> list[str]:
-    """Server i's `--data-dir` flag (created if needed), or else its `--state-dir` under `state_root`: either way
+    """Server i's `--data-dir` flag (created if needed), or else its `--meta-dir` under `state_root`: either way
     its Raft identity and vote survive a restart, so restarting a server never costs the group a voter."""
     if data_dir is None:
-        return ["--state-dir", str(state_root / f"state-{i}")]
+        return ["--meta-dir", str(state_root / f"meta-{i}")]
     d = Path(data_dir) / f"server-{i}"
     d.mkdir(parents=True, exist_ok=True)
     return ["--data-dir", str(d)]
@@ -354,7 +355,7 @@ class LocalGrid(Grid):
                 )
                 and len(epochs) == 1
                 and 0 not in epochs
-                and _group_healthy(last, self.addresses)
+                and group_health(last)["whole"]
             ):
                 return time.monotonic() - started
             if time.monotonic() - started > timeout:
@@ -363,7 +364,7 @@ class LocalGrid(Grid):
 
     def _wait_formed(self, timeout: float) -> None:
         """Waits until the servers' metadata group has formed: every server a member, one leader known to all
-        (docs/ARCHITECTURE.md, "Control plane"). Data is served before that; failure handling starts then."""
+        (docs/control-plane.md). Data is served before that; failure handling starts then."""
         started = time.monotonic()
         n = len(self._servers)
         while True:
@@ -439,19 +440,3 @@ def local(
     under a running job.
     """
     return LocalGrid(servers, memory, threads, token, **options)
-
-
-def _group_healthy(status: list[dict[str, Any]], servers: list[str]) -> bool:
-    """Whether the metadata group is whole: one leader known to every server, every server a member (a voter, or a
-    learner past an odd number of voters) and in contact with it. True when the servers run without a metadata group (no `meta_leader` line)."""
-    if not any("meta_leader" in s for s in status):
-        return True
-    leaders = {s.get("meta_leader") for s in status}
-    if len(leaders) != 1 or None in leaders or "none" in leaders:
-        return False
-    for s in status:
-        # "meta_member" lines, joined: "<addr> <id> voter; <addr> <id> learner; ..."
-        roles = {m.split()[0]: m.split()[-1] for m in str(s.get("meta_member") or "").split(";") if m.strip()}
-        if s.get("quorum") != "ok" or any(roles.get(addr) not in ("voter", "learner") for addr in servers):
-            return False
-    return True

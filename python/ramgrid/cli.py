@@ -21,6 +21,8 @@ from typing import Any
 from ramgrid._types import parse_value_type, spell_value_type
 from ramgrid.config import ENV_SPEC, default_state_dir, resolve_settings
 from ramgrid.exceptions import RamgridError
+from ramgrid.health import group_health
+from ramgrid.health import summary as health_summary
 
 STATE_FILE = "cluster.json"
 SPEC_FILE = "cluster.spec"
@@ -321,6 +323,7 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
     live = [s for s in statuses if s.get("ok")]
     if live:
         print(_group_summary(live))
+        print(health_summary(group_health(statuses)))
     for s in statuses:
         if not s.get("ok"):
             ok = False

@@ -64,6 +64,12 @@ class PartitionsUnavailable(RamgridError):
         self.partitions = []
 
 
+class MoveFailed(RamgridError):
+    """Adding or removing a server did not happen, or was undone: the cluster runs the spec it ran before. Not a
+    usage error: a member that did not answer is failed over within the failure timeout (the move waits up to
+    30 s for that), after which asking again succeeds."""
+
+
 class BatchError(RamgridError):
     """Some keys of a batch were refused; the others were applied. `failures` lists (index in the batch, reason)
     for each refused key, ascending by index."""

@@ -237,6 +237,15 @@ class Grid:
         repairing when its "pending_partitions" is 0 and "catalog_learned" is 1."""
         return list(self._client().cluster_status())
 
+    def health(self) -> dict[str, Any]:
+        """The metadata group's health from `status()`: {"leader", "voters", "voters_alive", "majority",
+        "tolerates" (how many more voters may fail with the cluster still deciding; -1 without a majority now),
+        "mode" ("full service", or "degraded: ..." saying what is served without a majority), "whole"}
+        (`ramgrid.health.group_health`; docs/control-plane.md, "Without a majority")."""
+        from ramgrid.health import group_health
+
+        return group_health(self.status())
+
 
 def _logged_move(verb: str, addr: str, report: dict[str, Any]) -> dict[str, Any]:
     log.info(

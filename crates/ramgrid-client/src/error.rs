@@ -135,6 +135,15 @@ pub enum Error {
     /// The servers kept refusing the request under the spec this client fetched from them.
     #[error("cluster spec kept changing: {0}")]
     StaleSpec(String),
+    /// A move (adding or removing servers) did not happen, or was undone: the cluster runs the
+    /// spec it ran before. Not the caller's fault: retry once the servers named answer.
+    #[error("{message}")]
+    MoveFailed {
+        /// What happened.
+        message: String,
+        /// A member of the cluster did not answer (down, and not failed over yet).
+        member_down: bool,
+    },
     /// Any other refusal from a server.
     #[error("{server} refused the request ({status}): {message}")]
     Server {
@@ -200,13 +209,15 @@ pub enum ErrorKind {
     Batch,
     /// [`Error::StaleSpec`].
     StaleSpec,
+    /// [`Error::MoveFailed`].
+    MoveFailed,
     /// [`Error::Server`].
     Server,
 }
 
 impl ErrorKind {
     /// Every kind (the binding's test that each maps to a Python exception class iterates these).
-    pub const ALL: [ErrorKind; 16] = [
+    pub const ALL: [ErrorKind; 17] = [
         ErrorKind::InvalidArgument,
         ErrorKind::ConnectionFailed,
         ErrorKind::Timeout,
@@ -222,6 +233,7 @@ impl ErrorKind {
         ErrorKind::PartitionsUnavailable,
         ErrorKind::Batch,
         ErrorKind::StaleSpec,
+        ErrorKind::MoveFailed,
         ErrorKind::Server,
     ];
 }
@@ -245,6 +257,7 @@ impl Error {
             Error::PartitionsUnavailable { .. } => ErrorKind::PartitionsUnavailable,
             Error::Batch { .. } => ErrorKind::Batch,
             Error::StaleSpec(_) => ErrorKind::StaleSpec,
+            Error::MoveFailed { .. } => ErrorKind::MoveFailed,
             Error::Server { .. } => ErrorKind::Server,
         }
     }
@@ -307,7 +320,8 @@ mod tests {
             ErrorKind::PartitionsUnavailable => 12,
             ErrorKind::Batch => 13,
             ErrorKind::StaleSpec => 14,
-            ErrorKind::Server => 15,
+            ErrorKind::MoveFailed => 15,
+            ErrorKind::Server => 16,
         };
         for (i, &k) in ErrorKind::ALL.iter().enumerate() {
             assert_eq!(position(k), i, "{k:?}");

@@ -46,6 +46,9 @@ pub const DEAD_AFTER: Duration = Duration::from_secs(10);
 
 /// How long a move may wait for its copies by default.
 pub const MOVE_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long adding or removing a server waits for a member that does not answer to be failed
+/// over (the control plane's failure timeout, 5 s by default, plus an election and its commit).
+pub const DOWN_WAIT: Duration = Duration::from_secs(30);
 /// How long a move waits for the servers it removed to stop being voters of the metadata group.
 const VOTER_WAIT: Duration = Duration::from_secs(10);
 
@@ -143,35 +146,94 @@ impl Client {
     }
 
     /// Adds the server at `addr` (running, empty) and moves to it the partitions it gets.
+    /// While a member is down and not yet failed over, waits for the fail-over (at most
+    /// [`DOWN_WAIT`]) and moves from the spec without it.
     pub fn add_server(&self, addr: &str) -> Result<MoveReport> {
-        let _ = self.refresh_spec();
-        let spec = self.spec();
-        let mut to = spec.next().unwrap_or(spec.servers()).to_vec();
-        if to.iter().any(|s| s == addr) {
-            return Err(Error::InvalidArgument(format!(
-                "{addr} is already a member"
-            )));
+        self.move_while_down(|spec| {
+            let mut to = spec.next().unwrap_or(spec.servers()).to_vec();
+            if to.iter().any(|s| s == addr) {
+                return Err(Error::InvalidArgument(format!(
+                    "{addr} is already a member"
+                )));
+            }
+            to.push(addr.to_owned());
+            Ok(to)
+        })
+    }
+
+    /// A move to `target(spec now)`, asked again with a fresh spec while it fails because a
+    /// member does not answer: the control plane fails such a member over within its failure
+    /// timeout, and the next spec no longer names it. Gives up after [`DOWN_WAIT`].
+    fn move_while_down(
+        &self,
+        target: impl Fn(&ClusterSpec) -> Result<Vec<String>>,
+    ) -> Result<MoveReport> {
+        let started = Instant::now();
+        loop {
+            let _ = self.refresh_spec();
+            let spec = self.spec();
+            let to = target(&spec)?;
+            // Nothing is begun while a member is silent: a move half begun on the others would
+            // have to be undone through the group, and the fail-over takes the member out anyway.
+            let silent: Vec<String> = spec
+                .members()
+                .into_iter()
+                .filter(|a| matches!(self.server_status(a), Err(e) if e.is_transport()))
+                .collect();
+            if !silent.is_empty() {
+                if started.elapsed() >= DOWN_WAIT {
+                    return Err(Error::MoveFailed {
+                        member_down: true,
+                        message: format!(
+                            "{} did not answer and was not failed over within {DOWN_WAIT:?}; \
+                             nothing moved",
+                            silent.join(", ")
+                        ),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(250));
+                continue;
+            }
+            match self.move_to(to, MOVE_TIMEOUT) {
+                Err(Error::MoveFailed {
+                    member_down: true,
+                    message,
+                }) if started.elapsed() < DOWN_WAIT => {
+                    let _ = message; // the member named is being failed over: ask again
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                Err(Error::MoveFailed {
+                    member_down: true,
+                    message,
+                }) => {
+                    return Err(Error::MoveFailed {
+                        member_down: true,
+                        message: format!(
+                            "{message} (waited {DOWN_WAIT:?} for it to be failed over)"
+                        ),
+                    })
+                }
+                other => return other,
+            }
         }
-        to.push(addr.to_owned());
-        self.move_to(to, MOVE_TIMEOUT)
     }
 
     /// Moves every partition off the server at `addr`, then drops it from the spec (it can be
     /// stopped afterwards).
     pub fn remove_server(&self, addr: &str) -> Result<MoveReport> {
-        let _ = self.refresh_spec();
-        let spec = self.spec();
-        let from = spec.next().unwrap_or(spec.servers()).to_vec();
-        if !from.iter().any(|s| s == addr) {
-            return Err(Error::InvalidArgument(format!("{addr} is not a member")));
-        }
-        let to: Vec<String> = from.into_iter().filter(|s| s != addr).collect();
-        if to.is_empty() {
-            return Err(Error::InvalidArgument(
-                "cannot remove the last server".into(),
-            ));
-        }
-        self.move_to(to, MOVE_TIMEOUT)
+        self.move_while_down(|spec| {
+            let from = spec.next().unwrap_or(spec.servers()).to_vec();
+            if !from.iter().any(|s| s == addr) {
+                return Err(Error::InvalidArgument(format!("{addr} is not a member")));
+            }
+            let to: Vec<String> = from.into_iter().filter(|s| s != addr).collect();
+            if to.is_empty() {
+                return Err(Error::InvalidArgument(
+                    "cannot remove the last server".into(),
+                ));
+            }
+            Ok(to)
+        })
     }
 
     /// Moves the cluster to the servers `to` (in that order): copies first, then the switch
@@ -237,9 +299,10 @@ impl Client {
                             let _ = self.set_spec_on(b, &spec);
                         }
                     }
-                    return Err(Error::InvalidArgument(format!(
-                        "{a} refused the move, nothing moved: {e}"
-                    )));
+                    return Err(Error::MoveFailed {
+                        member_down: e.is_transport(),
+                        message: format!("{a} refused the move, nothing moved: {e}"),
+                    });
                 }
             }
         }
@@ -253,10 +316,13 @@ impl Client {
                 }
             }
             let _ = self.refresh_spec();
-            return Err(Error::InvalidArgument(format!(
-                "the move to [{}] could not finish and was undone: {e}",
-                to.join(", ")
-            )));
+            return Err(Error::MoveFailed {
+                member_down: false,
+                message: format!(
+                    "the move to [{}] could not finish and was undone: {e}",
+                    to.join(", ")
+                ),
+            });
         }
         // 3. The switch, to every server of the new end.
         let statuses_after: Vec<(String, ServerStatus)> = members
@@ -327,9 +393,10 @@ impl Client {
                     Err(e) => {
                         let since = *unreachable_since.entry(a).or_insert_with(Instant::now);
                         if since.elapsed() > DEAD_AFTER {
-                            return Err(Error::InvalidArgument(format!(
-                                "{a} unreachable for {DEAD_AFTER:?}: {e}"
-                            )));
+                            return Err(Error::MoveFailed {
+                                member_down: true,
+                                message: format!("{a} unreachable for {DEAD_AFTER:?}: {e}"),
+                            });
                         }
                     }
                 }

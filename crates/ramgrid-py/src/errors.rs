@@ -24,6 +24,7 @@ pub(crate) fn class_name(kind: ErrorKind) -> &'static str {
         ErrorKind::OutOfMemory => "OutOfMemory",
         ErrorKind::PartitionsUnavailable => "PartitionsUnavailable",
         ErrorKind::Batch => "BatchError",
+        ErrorKind::MoveFailed => "MoveFailed",
         _ => "RamgridError",
     }
 }

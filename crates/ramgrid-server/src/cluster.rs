@@ -1,5 +1,5 @@
 //! Membership on this server: the installed cluster spec, the epochs it accepts, and each
-//! table's partitions in one of four states (docs/ARCHITECTURE.md, "Membership and repair"):
+//! table's partitions in one of four states (docs/membership.md):
 //!
 //! | state     | held under           | reads          | writes   |
 //! |-----------|----------------------|----------------|----------|

@@ -59,7 +59,7 @@ pub struct Config {
     pub cluster_spec: Option<std::path::PathBuf>,
     /// Peers to learn the cluster spec and tables from when this server has no spec (a server
     /// restarted, or added): comma-separated `host:port`s. It then copies its partitions from
-    /// their replicas before serving them (docs/ARCHITECTURE.md, "Membership and repair").
+    /// their replicas before serving them (docs/membership.md).
     #[arg(long, env = "RAMGRID_JOIN", value_delimiter = ',')]
     pub join: Vec<String>,
     /// How long a server may fail to answer the metadata group's leader before it is failed
@@ -90,7 +90,7 @@ pub struct Config {
     #[arg(long, env = "RAMGRID_TLS_CA")]
     pub tls_ca: Option<std::path::PathBuf>,
     /// Data directory: tables created with durability "snapshot" write each sealed version
-    /// here and are loaded from it at start (docs/ARCHITECTURE.md, "Durable tables"). Without
+    /// here and are loaded from it at start (docs/durability.md). Without
     /// it every table lives in memory only.
     #[arg(long, env = "RAMGRID_DATA_DIR")]
     pub data_dir: Option<std::path::PathBuf>,
@@ -99,8 +99,8 @@ pub struct Config {
     /// it was, even when its tables are gone (no --data-dir), so a restart never costs the group a
     /// voter. Default: `DATA_DIR/meta` with --data-dir; without either the server is a new Raft
     /// node at every start (its old id stays a voter until the leader replaces it).
-    #[arg(long, env = "RAMGRID_STATE_DIR")]
-    pub state_dir: Option<std::path::PathBuf>,
+    #[arg(long, env = "RAMGRID_META_DIR")]
+    pub meta_dir: Option<std::path::PathBuf>,
     /// Shared memory for client processes on this host (docs/shared-memory.md): the directory of
     /// the Unix socket through which they map sealed versions (`shm-<ip>-<port>.sock`). `auto`:
     /// `$XDG_RUNTIME_DIR/ramgrid`, else `/tmp/ramgrid-<uid>`; `off`: no socket.
@@ -189,9 +189,9 @@ impl Config {
         Ok(())
     }
 
-    /// Where the metadata group's state is kept: `--state-dir`, else `DATA_DIR/meta`, else nowhere.
-    pub fn meta_dir(&self) -> Option<std::path::PathBuf> {
-        self.state_dir
+    /// Where the metadata group's state is kept: `--meta-dir`, else `DATA_DIR/meta`, else nowhere.
+    pub fn meta_dir_or_default(&self) -> Option<std::path::PathBuf> {
+        self.meta_dir
             .clone()
             .or_else(|| self.data_dir.as_ref().map(|d| d.join("meta")))
     }

@@ -631,7 +631,7 @@ pub fn render(shared: &Shared, node: &Node) -> String {
         rows.push((format!("table=\"{}\"", label(&t.spec.name)), s));
     }
     write_counters(&mut out, "ramgrid_table", &rows);
-    // The control plane (docs/ARCHITECTURE.md, "Control plane").
+    // The control plane (docs/control-plane.md).
     if let Some(meta) = node.meta.get() {
         for (name, kind, help, v) in meta.figures() {
             out.metric(name, kind, help, v);

@@ -4,7 +4,7 @@
 //! restarting server loads both before it accepts connections. A `log` table's open versions each
 //! have a write-ahead log (wal.rs) that the restart replays after the images.
 //!
-//! Layout under the data directory (docs/ARCHITECTURE.md, "Durable tables"):
+//! Layout under the data directory (docs/durability.md):
 //!
 //! ```text
 //! DIR/tables/<name>-<incarnation as 16 hex digits>/catalog      the catalog (text, below)

@@ -182,7 +182,7 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
     node.metrics.set(shared.clone());
     let meta = crate::meta::start(
         &node,
-        config.meta_dir(),
+        config.meta_dir_or_default(),
         Duration::from_millis(config.failure_timeout_ms.max(1000)),
     )?;
     let _ = node.meta.set(meta);

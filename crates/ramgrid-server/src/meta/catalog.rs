@@ -1,5 +1,5 @@
 //! The table catalog in the metadata group: which requests are proposals, and how each server
-//! installs the current version the group committed (docs/ARCHITECTURE.md, "Control plane").
+//! installs the current version the group committed (docs/control-plane.md).
 //!
 //! - CREATE_TABLE and DROP_TABLE are proposed first; the server then applies the request locally.
 //! - CREATE_VERSION raises the table's high-water mark first (`RaiseHighWater` with the creating

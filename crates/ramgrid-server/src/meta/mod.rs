@@ -1,6 +1,6 @@
 //! The cluster's agreed state on this server: a member of the metadata Raft group
 //! (`ramgrid_meta`), whose committed spec every server installs, and the lease that keeps a
-//! server cut off from the group from serving (docs/ARCHITECTURE.md, "Control plane").
+//! server cut off from the group from serving (docs/control-plane.md).
 //!
 //! 1. **Forming the group.** A server starts outside any group. The first server of the first
 //!    spec it is given (`--cluster-spec` or SET_SPEC) forms one, alone, once every other server
@@ -74,6 +74,29 @@ pub struct Meta {
     pub(crate) events: leader::Events,
     stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The state directory's lock, held while this member runs (`lock_dir`).
+    lock: Mutex<Option<std::fs::File>>,
+}
+
+/// Creates the state directory and locks it for this process: two servers sharing one would
+/// share one Raft identity and log, which breaks the group's safety, so the second refuses to
+/// start. The lock goes with the process (or with `Meta::shutdown`).
+fn lock_dir(d: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    let err = |e: &dyn std::fmt::Display| anyhow::anyhow!("state directory {}: {e}", d.display());
+    std::fs::create_dir_all(d).map_err(|e| err(&e))?;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(d.join("LOCK"))
+        .map_err(|e| err(&e))?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => Err(err(
+            &"in use by another server process (each server needs its own --meta-dir / --data-dir)",
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(err(&e)),
+    }
 }
 
 /// Starts this server's member, its runtime (two threads of its own) and its tasks.
@@ -82,10 +105,10 @@ pub fn start(
     dir: Option<std::path::PathBuf>,
     failure_timeout: Duration,
 ) -> anyhow::Result<Arc<Meta>> {
-    if let Some(d) = &dir {
-        std::fs::create_dir_all(d)
-            .map_err(|e| anyhow::anyhow!("state directory {}: {e}", d.display()))?;
-    }
+    let lock = match &dir {
+        Some(d) => Some(lock_dir(d)?),
+        None => None,
+    };
     let id = node_id(dir.as_deref(), &state.server_id)?;
     let mut config = MetaConfig::new(id, state.server_id.clone());
     config.dir = dir;
@@ -133,6 +156,7 @@ pub fn start(
         events: Default::default(),
         stop: Mutex::new(Some(stop_tx)),
         thread: Mutex::new(Some(thread)),
+        lock: Mutex::new(lock),
     });
     handle.spawn(watch_task(Arc::downgrade(state), meta.clone()));
     handle.spawn(keeper_task(Arc::downgrade(state), meta.clone()));
@@ -196,6 +220,7 @@ impl Meta {
         if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = t.join();
         }
+        self.lock.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 
     /// Refuses with NO_QUORUM while this server is in a group but cut off from it (module
@@ -204,18 +229,42 @@ impl Meta {
         if !self.member.load(Ordering::Acquire) {
             return Ok(());
         }
+        if self.contact_age() > self.lease {
+            return Err(no_quorum(&format!(
+                "no leader with a majority has reached this server for {} ms; {}",
+                self.contact_age().as_millis(),
+                self.voters_line()
+            )));
+        }
         if self.stale.load(Ordering::Acquire) {
             return Err(no_quorum(
                 "catching up with the cluster after being cut off",
             ));
         }
-        if self.contact_age() > self.lease {
-            return Err(no_quorum(&format!(
-                "no leader with a majority has reached this server for {} ms",
-                self.contact_age().as_millis()
-            )));
-        }
         Ok(())
+    }
+
+    /// "the metadata group's voters are A, B, C (this server); 2 must be reachable": what a
+    /// NO_QUORUM refusal names, so that an operator sees which servers are missing.
+    fn voters_line(&self) -> String {
+        let s = self.node.status();
+        let names: Vec<String> = s
+            .members
+            .iter()
+            .filter(|(_, m)| m.voter)
+            .map(|(id, m)| {
+                if *id == s.id {
+                    format!("{} (this server)", m.addr)
+                } else {
+                    m.addr.clone()
+                }
+            })
+            .collect();
+        format!(
+            "the metadata group's voters are {}; {} must be reachable",
+            names.join(", "),
+            names.len() / 2 + 1
+        )
     }
 
     fn contact_age(&self) -> Duration {

@@ -104,6 +104,17 @@ impl Conn {
         Ok(conn)
     }
 
+    /// Whether the peer still holds this idle connection open: one read polled without waiting
+    /// finds nothing to read (an idle connection gets no bytes; a closed one reads end or error).
+    fn open_at_peer(&mut self) -> bool {
+        let mut byte = [0u8; 1];
+        let mut buf = tokio::io::ReadBuf::new(&mut byte);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        std::pin::Pin::new(&mut self.sock)
+            .poll_read(&mut cx, &mut buf)
+            .is_pending()
+    }
+
     /// Sends `req` and hands its decoded reply to `take`.
     async fn call<T>(
         &mut self,
@@ -183,7 +194,9 @@ impl Pool {
             .unwrap_or_else(|p| p.into_inner())
             .get_mut(addr)
             .and_then(Vec::pop);
-        let mut conn = match pooled {
+        // A pooled connection the peer closed meanwhile (it restarted or died) is dropped before
+        // use: a request written into it would end as "connection closed", indeterminate.
+        let mut conn = match pooled.and_then(|mut c| c.open_at_peer().then_some(c)) {
             Some(c) => c,
             None => Conn::open(addr, self.token.as_deref(), self.tls.as_deref(), deadline).await?,
         };
