@@ -107,9 +107,8 @@ def main() -> None:
                 f"  failed over, survivors restore R=2: {nbytes / 1e6:.1f} MB in {secs:.2f} s = {secs / (nbytes / 1e9):.2f} s per GB"
             )
             before = copied(g)
+            g.restart(victim)  # returns once it listens: from then on it learns the catalog and copies
             start = time.monotonic()
-            g.restart(victim)
-            time.sleep(0.05)  # its status line appears once it listens
             g.wait_repaired(timeout=600)
             secs = time.monotonic() - start
             nbytes = copied(g) - before

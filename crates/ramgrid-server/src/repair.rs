@@ -23,8 +23,9 @@
 //!    whose log was damaged is never served this way: it waits for a copy. A copy into an open
 //!    partition is served only once it is in the log (`import_open`).
 //!
-//! One thread, one partition at a time: a repair competes little with the traffic the server
-//! serves meanwhile. It wakes on every spec change and otherwise every [`PERIOD`].
+//! One thread runs the passes; each table's copies run on [`COPY_THREADS`] threads at once (a
+//! partition per thread), so a repair is bound by the machine, not by one round trip at a time.
+//! It wakes on every spec change and otherwise every [`PERIOD`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -565,7 +566,9 @@ impl std::fmt::Display for CopyError {
     }
 }
 
-/// Copies in every pending partition of table `name`.
+/// Copies in every pending partition of table `name`: [`COPY_THREADS`] copies at once, each
+/// (version, partition) by one thread from one replica, so that a repair runs at the speed of
+/// the machine rather than of one round trip at a time.
 fn copy_pending(state: &Node, name: &str) {
     let Ok(pending) = state.tables.pending(name) else {
         return;
@@ -580,103 +583,141 @@ fn copy_pending(state: &Node, name: &str) {
         return;
     };
     let map = PartitionMap::new(&cluster.spec, info.spec.partitions, info.spec.replication);
-    let members = cluster.spec.members();
-    let epoch = cluster.epoch;
-    let mut peers: HashMap<String, Peer> = HashMap::new();
-    for v in pending {
-        for p in v.partitions {
-            // Owners under the `server` list hold the data; self is never a source.
-            let sources: Vec<&String> = map
-                .replicas(p)
-                .iter()
-                .map(|&i| &members[i as usize])
-                .filter(|a| **a != state.server_id)
-                .collect();
-            let mut gone = 0usize;
-            // Sources that do not serve the partition: unreachable, restarting (REPAIRING),
-            // or without the table (restarted empty).
-            let mut absent = 0usize;
-            let mut quiet = false;
-            let mut why = Vec::new();
-            let mut done = false;
-            for src in &sources {
-                match copy_one(state, &mut peers, src, &info.spec, (epoch, v.version), p) {
-                    Ok(()) => {
-                        done = true;
-                        break;
-                    }
-                    Err(CopyError::Fetch(PeerError::Refused(e)))
-                        if e.status == Status::NoSuchVersion =>
-                    {
-                        gone += 1;
-                        why.push(format!("{src}: no such version"));
-                    }
-                    // Not at our spec yet (a move reaching it): try again on the next pass.
-                    Err(CopyError::Fetch(PeerError::Refused(e)))
-                        if e.status == Status::WrongEpoch =>
-                    {
-                        why.push(format!("{src}: not at this epoch yet"));
-                        quiet = true;
-                    }
-                    Err(CopyError::Fetch(PeerError::Refused(e)))
-                        if matches!(e.status, Status::Repairing | Status::NoSuchTable) =>
-                    {
-                        absent += 1;
-                        why.push(format!("{src}: {} {}", e.status.name(), e.message));
-                    }
-                    Err(e) => {
-                        if matches!(e, CopyError::Fetch(PeerError::Failed(_))) {
-                            absent += 1;
-                        }
-                        peers.remove(*src);
-                        why.push(format!("{src}: {e}"));
+    let job = Job {
+        state,
+        name,
+        spec: &info.spec,
+        map: &map,
+        members: cluster.spec.members(),
+        epoch: cluster.epoch,
+        gone: Mutex::new(Vec::new()),
+    };
+    let work: Vec<(u32, u32)> = pending
+        .iter()
+        .flat_map(|v| v.partitions.iter().map(move |&p| (v.version, p)))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = COPY_THREADS.min(work.len());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                let mut peers: HashMap<String, Peer> = HashMap::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&(version, p)) = work.get(i) else {
+                        return;
+                    };
+                    if !job.gone.lock().contains(&version) {
+                        job.copy_partition(&mut peers, version, p);
                     }
                 }
-            }
-            if done {
-                continue;
-            }
-            if absent == sources.len()
-                && state
-                    .tables
-                    .serve_replayed(name, v.version, p)
-                    .unwrap_or(false)
-            {
-                // No other replica serves it (a whole-cluster restart): what this server's own
-                // log holds is the best there is, and waiting would wait for itself.
-                tracing::info!(
-                    "repair: {name} v{} partition {p}: served as replayed from this server's log, no other replica serves it ({})",
-                    v.version,
-                    if why.is_empty() {
-                        "no other replica".to_string()
-                    } else {
-                        why.join("; ")
-                    }
-                );
-                continue;
-            }
-            if !sources.is_empty() && gone == sources.len() {
-                // Every owner dropped it while this server was away.
-                let _ = state.tables.drop_version(name, v.version, true);
-                tracing::info!(
-                    "repair: {name} v{} was dropped by its replicas: dropped here",
-                    v.version
-                );
-                break;
-            }
-            if quiet {
-                continue;
-            }
-            state.repair.fail(format!(
-                "{name} v{} partition {p}: no replica could give it ({})",
-                v.version,
-                if why.is_empty() {
-                    "no other replica".to_string()
-                } else {
-                    why.join("; ")
-                }
-            ));
+            });
         }
+    });
+}
+
+/// How many partitions one server copies in at once.
+const COPY_THREADS: usize = 4;
+
+/// One table's copy pass, shared by the copying threads.
+struct Job<'a> {
+    state: &'a Node,
+    name: &'a str,
+    spec: &'a TableSpec,
+    map: &'a PartitionMap,
+    members: Vec<String>,
+    epoch: u64,
+    /// Versions every owner dropped (found by one thread: the others skip their partitions).
+    gone: Mutex<Vec<u32>>,
+}
+
+impl Job<'_> {
+    /// Copies (version, partition) `p` from the first of its replicas that gives it.
+    fn copy_partition(&self, peers: &mut HashMap<String, Peer>, version: u32, p: u32) {
+        let (state, name) = (self.state, self.name);
+        // Owners under the `server` list hold the data; self is never a source.
+        let sources: Vec<&String> = self
+            .map
+            .replicas(p)
+            .iter()
+            .map(|&i| &self.members[i as usize])
+            .filter(|a| **a != state.server_id)
+            .collect();
+        let mut gone = 0usize;
+        // Sources that do not serve the partition: unreachable, restarting (REPAIRING), or
+        // without the table (restarted empty).
+        let mut absent = 0usize;
+        let mut quiet = false;
+        let mut why = Vec::new();
+        for src in &sources {
+            match copy_one(state, peers, src, self.spec, (self.epoch, version), p) {
+                Ok(()) => return,
+                Err(CopyError::Fetch(PeerError::Refused(e)))
+                    if e.status == Status::NoSuchVersion =>
+                {
+                    gone += 1;
+                    why.push(format!("{src}: no such version"));
+                }
+                // Not at our spec yet (a move reaching it): try again on the next pass.
+                Err(CopyError::Fetch(PeerError::Refused(e))) if e.status == Status::WrongEpoch => {
+                    why.push(format!("{src}: not at this epoch yet"));
+                    quiet = true;
+                }
+                Err(CopyError::Fetch(PeerError::Refused(e)))
+                    if matches!(e.status, Status::Repairing | Status::NoSuchTable) =>
+                {
+                    absent += 1;
+                    why.push(format!("{src}: {} {}", e.status.name(), e.message));
+                }
+                Err(e) => {
+                    if matches!(e, CopyError::Fetch(PeerError::Failed(_))) {
+                        absent += 1;
+                    }
+                    peers.remove(*src);
+                    why.push(format!("{src}: {e}"));
+                }
+            }
+        }
+        let why = || {
+            if why.is_empty() {
+                "no other replica".to_string()
+            } else {
+                why.join("; ")
+            }
+        };
+        if absent == sources.len()
+            && state
+                .tables
+                .serve_replayed(name, version, p)
+                .unwrap_or(false)
+        {
+            // No other replica serves it (a whole-cluster restart): what this server's own log
+            // holds is the best there is, and waiting would wait for itself.
+            tracing::info!(
+                "repair: {name} v{version} partition {p}: served as replayed from this server's log, no other replica serves it ({})",
+                why()
+            );
+            return;
+        }
+        if !sources.is_empty() && gone == sources.len() {
+            // Every owner dropped it while this server was away.
+            let mut dropped = self.gone.lock();
+            if !dropped.contains(&version) {
+                dropped.push(version);
+                let _ = state.tables.drop_version(name, version, true);
+                tracing::info!(
+                    "repair: {name} v{version} was dropped by its replicas: dropped here"
+                );
+            }
+            return;
+        }
+        if quiet {
+            return;
+        }
+        state.repair.fail(format!(
+            "{name} v{version} partition {p}: no replica could give it ({})",
+            why()
+        ));
     }
 }
 

@@ -131,7 +131,11 @@ def test_servers_started_from_the_unit_serve_one_cluster_that_survives_a_host_re
     assert out.returncode == 0, out.stdout + out.stderr + hosts.logs()
     lines = out.stdout.splitlines()
     assert lines[0].startswith("metadata group: leader "), out.stdout
-    assert [ln.split("\t")[0] for ln in lines[1:4]] == hosts.addrs, out.stdout
+    assert (
+        lines[1]
+        == f"3 of 3 voters answer, leader {lines[0].split()[3].rstrip(',')}; tolerates 1 more failure; full service"
+    )
+    assert [ln.split("\t")[0] for ln in lines[2:5]] == hosts.addrs, out.stdout
     assert "leader" in out.stdout and "pending partitions 0" in out.stdout
 
     # A durable table with two replicas, loaded as a sealed version.
