@@ -148,23 +148,64 @@ fn token(state: &Node) -> Option<&str> {
 
 /// The specs the `--join` peers that answer hold (those that have one).
 fn peer_specs(state: &Node) -> Vec<ClusterSpec> {
-    let mut out = Vec::new();
-    for addr in &state.repair.join {
-        let got = Peer::connect(addr, token(state), state.tls.as_deref()).and_then(|mut p| {
-            p.call(&Request::GetSpec, |r| match r {
-                Response::Spec(s) if s.epoch == 0 => Ok(None),
-                Response::Spec(s) => ClusterSpec::parse_bytes(s.spec)
-                    .map(Some)
-                    .map_err(|e| e.to_string()),
-                other => Err(format!("unexpected reply: {other:?}")),
-            })
+    ask_peers(state, &state.repair.join, Request::GetSpec, |r| match r {
+        Response::Spec(s) if s.epoch == 0 => Ok(None),
+        Response::Spec(s) => ClusterSpec::parse_bytes(s.spec)
+            .map(Some)
+            .map_err(|e| e.to_string()),
+        other => Err(format!("unexpected reply: {other:?}")),
+    })
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// Sends `req` to every peer of `addrs` at once and returns the answers `take` makes of their
+/// replies (failures are logged). Once one peer has answered the others get [`JOIN_GRACE`]
+/// more: a paused peer (which accepts the connection and never answers) must not hold a
+/// restart for the whole peer timeout, during which this server refuses what it holds.
+fn ask_peers<T: Send + 'static>(
+    state: &Node,
+    addrs: &[String],
+    req: Request<'static>,
+    take: fn(Response<'_>) -> Result<T, String>,
+) -> Vec<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    for addr in addrs {
+        let (tx, addr, req) = (tx.clone(), addr.clone(), req.clone());
+        let (token, tls) = (state.token.clone(), state.tls.clone());
+        // Detached: one still waiting on a silent peer ends by the peer timeouts, and its answer
+        // then goes nowhere.
+        std::thread::spawn(move || {
+            let got = Peer::connect(&addr, token.as_deref(), tls.as_deref())
+                .and_then(|mut p| p.call(&req, take));
+            if let Err(e) = &got {
+                tracing::info!("repair: {addr}: {e}");
+            }
+            let _ = tx.send(got.ok());
         });
-        if let Ok(Some(spec)) = got {
-            out.push(spec);
+    }
+    drop(tx);
+    let mut out = Vec::new();
+    let mut deadline: Option<Instant> = None;
+    for _ in 0..addrs.len() {
+        let got = match deadline {
+            None => rx.recv().ok(),
+            Some(d) => rx
+                .recv_timeout(d.saturating_duration_since(Instant::now()))
+                .ok(),
+        };
+        let Some(got) = got else { break };
+        if let Some(answer) = got {
+            out.push(answer);
+            deadline.get_or_insert_with(|| Instant::now() + JOIN_GRACE);
         }
     }
     out
 }
+
+/// How long the other peers get once one has answered (`ask_peers`).
+const JOIN_GRACE: Duration = Duration::from_millis(500);
 
 /// Whether a server starting with a `--cluster-spec` file should install it. The file only
 /// starts a cluster: once the cluster has a spec, it is the one the metadata group committed,
@@ -232,19 +273,10 @@ fn learn_catalog(state: &Node) -> bool {
     if peers.is_empty() {
         return true;
     }
-    let mut answers: Vec<Vec<wire::TableInfo>> = Vec::new();
-    for addr in &peers {
-        let got = Peer::connect(addr, token(state), state.tls.as_deref()).and_then(|mut p| {
-            p.call(&Request::ListTables, |r| match r {
-                Response::Tables(t) => Ok(t),
-                other => Err(format!("unexpected reply: {other:?}")),
-            })
-        });
-        match got {
-            Ok(t) => answers.push(t),
-            Err(e) => tracing::info!("repair: catalog from {addr}: {e}"),
-        }
-    }
+    let answers = ask_peers(state, &peers, Request::ListTables, |r| match r {
+        Response::Tables(t) => Ok(t),
+        other => Err(format!("unexpected reply: {other:?}")),
+    });
     if answers.is_empty() {
         return false;
     }

@@ -11,6 +11,12 @@ replication 2 on a 3-server LocalGrid while
   timeout: a long pause gets it failed over (its partitions re-replicated), and it rejoins and copies back when
   resumed; a short one does not. The figures add the fail-overs, the share of write batches acknowledged and
   the reads refused (a read in flight to the paused server may be; none may be wrong).
+- `sequences`: the sequences of faults of issue 24, one at random after another, on `log` tables with data dirs
+  and a 2 s failure timeout: restart one, wait for the repair, kill another (and later restart it); restart one
+  and kill another 0.5 s later; two restarts in a row; the metadata leader restarted; one paused past the
+  failure timeout while another restarts. Each must heal without a person (the next starts only once every
+  server is back, repaired, and the group whole); reads may be refused while both replicas of a partition are
+  down or copying, never wrong.
 
 At the end every acknowledged key reads back exactly (through a fresh client), no read during the run was wrong
 or failed, and the figures are printed. The default suite runs a short version of each; `make chaos` runs the slow
@@ -41,6 +47,51 @@ BASE_KEYS = 20_000
 # others refuse.
 PAUSE_ARGS = ("--failure-timeout-ms", "4000")
 SLOW_SECONDS = float(os.environ.get("RAMGRID_CHAOS_SECONDS", "300"))
+# Sequences mode: a 2 s failure timeout, as the sequences' own tests (test_control_plane_sequences.py).
+SEQUENCE_ARGS = ("--failure-timeout-ms", "2000")
+# The figure each mode must have raised to at least 2.
+COUNTED = {"move": "moves", "pause": "pauses_survived", "sequences": "sequences_healed"}
+
+
+def _leader_index(g: Any) -> int:
+    leaders = {str(x.get("meta_leader", "none")).split(" ")[0] for x in g.status() if x.get("ok")}
+    leader = leaders.pop() if len(leaders) == 1 else None
+    return g.addresses.index(leader) if leader in g.addresses else 0
+
+
+def _sequence(g: Any, rng: random.Random) -> str:
+    """One sequence of faults of issue 24 at random, then waits until it healed; returns its name."""
+    kind = rng.choice(["restart-wait-kill", "restart-kill", "two-restarts", "leader-restart", "pause-restart"])
+    i = rng.randrange(len(g.addresses))
+    j = rng.choice([k for k in range(len(g.addresses)) if k != i])
+    print(f"  {time.monotonic():.2f} {kind} ({i}, {j})")
+    if kind == "restart-wait-kill":
+        g.restart(i)
+        g.wait_repaired(timeout=60)
+        g.kill(j)
+        time.sleep(3.0)  # past the failure timeout: failed over, the survivors re-replicate
+        g.restart(j)
+    elif kind == "restart-kill":
+        g.restart(i)
+        time.sleep(0.5)
+        g.kill(j)
+        time.sleep(3.0)
+        g.restart(j)
+    elif kind == "two-restarts":
+        g.restart(i)
+        g.restart(j)
+    elif kind == "leader-restart":
+        g.restart(_leader_index(g))
+    else:
+        os.kill(g.pids[i], signal.SIGSTOP)
+        try:
+            time.sleep(3.0)
+            g.restart(j)
+        finally:
+            os.kill(g.pids[i], signal.SIGCONT)
+    g.wait_repaired(timeout=90)
+    _wait_whole(g)
+    return kind
 
 
 def _wait_whole(g: Any, timeout: float = 60.0) -> None:
@@ -63,21 +114,22 @@ def run_chaos(
 ) -> dict[str, Any]:
     """Runs the jobs for `seconds` under `mode` ("kill" or "move"), one event every `every` seconds or so;
     asserts that reads stayed exact and no acknowledged write was lost, and returns (and prints) the figures."""
-    if mode not in ("kill", "move", "log", "pause"):
-        raise ValueError(f"mode is 'kill', 'move', 'log' or 'pause', got {mode!r}")
+    if mode not in ("kill", "move", "log", "pause", "sequences"):
+        raise ValueError(f"mode is 'kill', 'move', 'log', 'pause' or 'sequences', got {mode!r}")
     rng = random.Random(seed)
     repairs: list[float] = []
     moves: list[dict[str, Any]] = []
     pauses: list[float] = []
     started = time.monotonic()
-    durable = mode == "log"
+    durable = mode in ("log", "sequences")
+    sequences: list[str] = []
     with (
         tempfile.TemporaryDirectory(prefix="ramgrid-chaos-") as data_dir,
         ramgrid.local(
             servers=3,
             memory="256MiB",
             data_dir=data_dir if durable else None,
-            extra_args=PAUSE_ARGS if mode == "pause" else (),
+            extra_args=PAUSE_ARGS if mode == "pause" else SEQUENCE_ARGS if mode == "sequences" else (),
         ) as g,
     ):
         t = g.create_table(
@@ -103,6 +155,10 @@ def run_chaos(
                     # Failed over if it slept past the failure timeout: wait until it rejoined and copied back.
                     _wait_whole(g)
                     repairs.append(time.monotonic() - t0)
+                elif mode == "sequences":
+                    t0 = time.monotonic()
+                    sequences.append(_sequence(g, rng))
+                    repairs.append(time.monotonic() - t0)
                 elif mode in ("kill", "log"):
                     i = rng.randrange(len(g.addresses))
                     t0 = time.monotonic()
@@ -127,7 +183,7 @@ def run_chaos(
         assert not books.wrong, books.wrong[:5]
         # In pause mode a read in flight to the paused server, or to a leader-less group (a paused leader, until
         # the re-election), may be refused: refused reads are counted there (figures), never wrong ones.
-        if mode != "pause":
+        if mode not in ("pause", "sequences"):
             assert not books.read_errors, books.read_errors[:5]
         acked = books.acked_keys()
         check_all(g.spec, "chaos", np.concatenate([base, acked]))
@@ -135,7 +191,8 @@ def run_chaos(
             "mode": mode,
             "seed": seed,
             "seconds": round(time.monotonic() - started, 1),
-            "kills_survived": len(repairs) - len(pauses),
+            "kills_survived": len(repairs) - len(pauses) - len(sequences),
+            "sequences_healed": len(sequences),
             "pauses_survived": len(pauses),
             "moves": len(moves),
             "keys_acked": BASE_KEYS + len(acked),
@@ -146,7 +203,9 @@ def run_chaos(
             "write_batches_acked": books.batches_acked,
             "write_batches_failed": books.batches_failed,
         }
-        if pauses:
+        if sequences:
+            figures["sequence_kinds"] = ",".join(sorted(set(sequences)))
+        if pauses or sequences:
             st = [x for x in g.status() if x.get("ok")]
             figures["failovers"] = sum(int(x.get("failovers", 0)) for x in st)
             figures["rejoins"] = sum(int(x.get("rejoins", 0)) for x in st)
@@ -166,17 +225,17 @@ def run_chaos(
     return figures
 
 
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize("mode", ["kill", "move", "log", "pause"])
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["kill", "move", "log", "pause", "sequences"])
 def test_chaos_short(mode: str) -> None:
-    figures = run_chaos(20.0 if mode == "pause" else 12.0, mode, every=2.0)
-    assert figures[{"move": "moves", "pause": "pauses_survived"}.get(mode, "kills_survived")] >= 2
+    figures = run_chaos(20.0 if mode in ("pause", "sequences") else 12.0, mode, every=2.0)
+    assert figures[COUNTED.get(mode, "kills_survived")] >= 2
     assert figures["reads"] > 0 and figures["write_batches_acked"] > 0
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(int(SLOW_SECONDS) + 240)
-@pytest.mark.parametrize("mode", ["kill", "move", "log", "pause"])
+@pytest.mark.parametrize("mode", ["kill", "move", "log", "pause", "sequences"])
 def test_chaos(mode: str) -> None:
     figures = run_chaos(SLOW_SECONDS, mode, every=3.0, seed=int(time.time()))
-    assert figures[{"move": "moves", "pause": "pauses_survived"}.get(mode, "kills_survived")] >= 2
+    assert figures[COUNTED.get(mode, "kills_survived")] >= 2

@@ -8,6 +8,8 @@ The servers run with `--failure-timeout-ms 2000` so a failover takes about 2 s."
 
 from __future__ import annotations
 
+import os
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -157,3 +159,49 @@ def test_adding_a_server_while_a_member_is_down_waits_for_its_fail_over(grid: An
     addr = grid.add_server()  # not a usage error: the move waits for the fail-over, then goes on without it
     assert addr in grid.last_move["to"] and grid.addresses[2] not in grid.last_move["to"], grid.last_move
     _heals("add_server with a member down", t)
+
+
+def test_pause_past_the_timeout_then_kill_and_restart_another(grid: Any) -> None:
+    """The sequence a Jepsen-style nemesis found never healing (issue 24): one server paused past the failure
+    timeout (failed over), then another killed and restarted while it is still paused; then it resumes."""
+    t = _table(grid)
+    grid.wait_repaired()
+    paused = next(i for i, a in enumerate(grid.addresses) if a != _leader(grid))
+    other = next(i for i in range(3) if i != paused)
+    pid = grid.pids[paused]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(3.0)  # past the 2 s failure timeout: failed over
+        grid.restart(other)
+        _heals("paused past the timeout, another restarted", t)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    grid.wait_repaired()
+    _heals("the paused one resumed and rejoined", t)
+
+
+def test_kill_during_a_move(grid: Any) -> None:
+    """A server of the cluster dies while a server is being added: the move is undone or finished, the dead one
+    is failed over, and the cluster serves every key without a person."""
+    import threading
+
+    t = _table(grid)
+    grid.wait_repaired()
+    victim = next(i for i, a in enumerate(grid.addresses) if a != _leader(grid))
+    outcome: list[str] = []
+
+    def add() -> None:
+        try:
+            grid.add_server()
+            outcome.append("added")
+        except RamgridError as e:
+            outcome.append(f"failed: {type(e).__name__}: {e}")
+
+    th = threading.Thread(target=add)
+    th.start()
+    time.sleep(0.3)
+    grid.kill(victim)
+    th.join(timeout=90)
+    assert outcome, "add_server did not return"
+    print(f"\nadd_server while a member died: {outcome[0][:200]}")
+    _heals("kill during a move", t)
