@@ -198,4 +198,6 @@ def test_metrics_show_the_control_plane() -> None:
         # the table, the version's number, its switch; the second create is refused by the group
         assert m[("ramgrid_meta_proposals_committed_total", ())] >= before + 3
         assert m[("ramgrid_meta_proposals_refused_total", ())] >= 1
+        # The leader's health figures: one voter answering (itself), no further failure tolerated.
+        assert m[("ramgrid_meta_voters_answering", ())] == 1 and m[("ramgrid_meta_failures_tolerated", ())] == 0
         assert m[("ramgrid_failovers_total", ())] == 0

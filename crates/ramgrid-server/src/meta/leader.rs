@@ -20,6 +20,7 @@
 //! the last server.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -138,6 +139,21 @@ impl Leader {
         }
         self.probe(meta, &watched).await;
         let now = Instant::now();
+        let status = meta.node.status();
+        let answering = status
+            .voters
+            .iter()
+            .filter(|id| {
+                **id == status.id
+                    || status.members.get(id).is_some_and(|m| {
+                        self.last_ok
+                            .get(&m.addr)
+                            .is_some_and(|t| now.duration_since(*t) <= PING_EVERY * 4)
+                    })
+            })
+            .count();
+        meta.voters_answering
+            .store(answering as u64, Ordering::Relaxed);
 
         if let Some(t) = &ms.transition {
             // A move whose server stopped answering cannot finish: undo it (a client coordinating

@@ -72,6 +72,9 @@ pub struct Meta {
     proposals: [AtomicU64; 3],
     /// Fail-overs and rejoins this node proposed as leader, and their last outcome.
     pub(crate) events: leader::Events,
+    /// While this server leads: the voters that answered its last status round (itself
+    /// included), for the metrics (`leader::Leader::tick`); 0 otherwise.
+    pub(crate) voters_answering: AtomicU64,
     stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The state directory's lock, held while this member runs (`lock_dir`).
@@ -154,6 +157,7 @@ pub fn start(
         installer: Mutex::default(),
         proposals: Default::default(),
         events: Default::default(),
+        voters_answering: AtomicU64::new(0),
         stop: Mutex::new(Some(stop_tx)),
         thread: Mutex::new(Some(thread)),
         lock: Mutex::new(lock),
@@ -414,6 +418,11 @@ impl Meta {
         let ms = self.node.state();
         let (failovers, rejoins, changes) = self.events.counts();
         let member = s.members.contains_key(&s.id);
+        let answering = if self.node.is_leader() {
+            self.voters_answering.load(Ordering::Relaxed)
+        } else {
+            0
+        };
         let p = |i: usize| self.proposals[i].load(Ordering::Relaxed);
         vec![
             ("ramgrid_meta_member", "gauge", "1 while this server is in the metadata group", member as u64),
@@ -423,6 +432,8 @@ impl Meta {
             ("ramgrid_meta_applied_index", "gauge", "the last Raft log index applied here", s.last_applied),
             ("ramgrid_meta_members", "gauge", "members of the metadata group (voters and learners)", s.members.len() as u64),
             ("ramgrid_meta_voters", "gauge", "voters of the metadata group", s.voters.len() as u64),
+            ("ramgrid_meta_voters_answering", "gauge", "on the leader: voters that answered its last status round, itself included (0 elsewhere)", answering),
+            ("ramgrid_meta_failures_tolerated", "gauge", "on the leader: how many more voters may fail with the group still deciding (0 elsewhere)", answering.saturating_sub(s.voters.len() as u64 / 2 + 1)),
             ("ramgrid_cluster_servers", "gauge", "servers in the agreed spec", ms.servers.len() as u64),
             ("ramgrid_cluster_servers_failed", "gauge", "servers failed over and not back yet", ms.failed.len() as u64),
             ("ramgrid_cluster_tables", "gauge", "tables in the agreed catalog", ms.tables.len() as u64),
