@@ -172,7 +172,7 @@ fn ask_peers<T: Send + 'static>(
 ) -> Vec<T> {
     let (tx, rx) = std::sync::mpsc::channel();
     for addr in addrs {
-        let (tx, addr, req) = (tx.clone(), addr.clone(), req.clone());
+        let (tx, addr) = (tx.clone(), addr.clone());
         let (token, tls) = (state.token.clone(), state.tls.clone());
         // Detached: one still waiting on a silent peer ends by the peer timeouts, and its answer
         // then goes nowhere.
