@@ -169,6 +169,7 @@ __all__ = [
     "ConnectionFailed",
     "KeysNotFound",
     "LoadError",
+    "MoveFailed",
     "OutOfMemory",
     "PartitionsUnavailable",
     "ProtocolError",
