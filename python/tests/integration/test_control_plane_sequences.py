@@ -205,3 +205,16 @@ def test_kill_during_a_move(grid: Any) -> None:
     assert outcome, "add_server did not return"
     print(f"\nadd_server while a member died: {outcome[0][:200]}")
     _heals("kill during a move", t)
+
+
+def test_a_rolling_restart_keeps_the_group_able_to_lose_one_more(grid: Any) -> None:
+    """Server by server, each restarted and repaired before the next: at every step the group has its three voters
+    (the restarted one kept its Raft identity) and tolerates one more failure."""
+    t = _table(grid)
+    grid.wait_repaired()
+    for i in range(3):
+        grid.restart(i)
+        grid.wait_repaired()
+        h = grid.health()
+        assert h["tolerates"] == 1 and len(h["voters"]) == 3 and h["mode"] == "full service", (i, h)
+    assert (t.get_many(KEYS) == KEYS * 2).all()
