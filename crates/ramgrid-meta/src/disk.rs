@@ -121,7 +121,16 @@ pub(crate) fn read_value<T: serde::de::DeserializeOwned>(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
-    let scanned = scan_records(&bytes, &path)?;
+    decode_value(&bytes, &path).map(Some)
+}
+
+/// The value in the bytes of a file written by [`write_value`] (`path` names it in errors): what
+/// [`read_value`] decodes once the file is read.
+pub(crate) fn decode_value<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    path: &Path,
+) -> Result<T, String> {
+    let scanned = scan_records(bytes, path)?;
     if scanned.records.len() != 1 || scanned.valid_len != bytes.len() {
         return Err(format!(
             "{}: damaged (not one whole record)",
@@ -129,7 +138,6 @@ pub(crate) fn read_value<T: serde::de::DeserializeOwned>(
         ));
     }
     serde_json::from_slice(scanned.records[0])
-        .map(Some)
         .map_err(|e| format!("{}: undecodable: {e}", path.display()))
 }
 

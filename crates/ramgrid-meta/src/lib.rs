@@ -136,3 +136,9 @@ openraft::declare_raft_types!(
         SnapshotData = std::io::Cursor<Vec<u8>>,
         AsyncRuntime = openraft::TokioRuntime,
 );
+
+/// The decoders a restart runs on the files of a durable directory, for the fuzz target
+/// `meta_disk` (fuzz.rs). Not an API: compiled for tests and with the `fuzzing` feature only.
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzz;

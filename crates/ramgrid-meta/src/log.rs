@@ -29,8 +29,8 @@ pub const LOG_FILE: &str = "raft.log";
 /// The vote file's name in the directory.
 pub const VOTE_FILE: &str = "raft.vote";
 
-#[derive(Serialize, Deserialize)]
-enum LogRecord {
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) enum LogRecord {
     Entry(Entry<TypeConfig>),
     /// Every entry up to this one was purged (it leads a rewritten file).
     Purged(LogId<NodeId>),
@@ -77,22 +77,10 @@ impl LogStore {
         let mut last_purged = None;
         match std::fs::read(&path) {
             Ok(bytes) => {
-                let scanned = disk::scan_records(&bytes, &path)?;
-                for payload in &scanned.records {
-                    let rec: LogRecord = serde_json::from_slice(payload)
-                        .map_err(|e| format!("{}: undecodable record: {e}", path.display()))?;
-                    match rec {
-                        LogRecord::Entry(e) => {
-                            entries.insert(e.log_id.index, e);
-                        }
-                        LogRecord::Purged(id) => {
-                            entries.retain(|&i, _| i > id.index);
-                            last_purged = Some(id);
-                        }
-                    }
-                }
-                if scanned.valid_len < bytes.len() {
-                    disk::truncate_file(&path, scanned.valid_len as u64)
+                let read = decode_log(&bytes, &path)?;
+                (entries, last_purged) = (read.entries, read.last_purged);
+                if read.valid_len < bytes.len() {
+                    disk::truncate_file(&path, read.valid_len as u64)
                         .map_err(|e| format!("{}: cutting a torn tail: {e}", path.display()))?;
                 }
             }
@@ -135,23 +123,68 @@ impl LogStore {
     }
 }
 
+/// A log file's contents as [`LogStore::open`] reads them.
+pub(crate) struct DecodedLog {
+    /// The entries by index, after the purges the file records.
+    pub entries: BTreeMap<u64, Entry<TypeConfig>>,
+    /// The last purge the file records.
+    pub last_purged: Option<LogId<NodeId>>,
+    /// Where its whole records end (the rest is a torn tail, to be cut).
+    pub valid_len: usize,
+}
+
+/// Decode the bytes of a log file (`path` names it in errors): its records, each an entry or a
+/// purge, applied in file order.
+pub(crate) fn decode_log(bytes: &[u8], path: &Path) -> Result<DecodedLog, String> {
+    let scanned = disk::scan_records(bytes, path)?;
+    let mut entries = BTreeMap::new();
+    let mut last_purged = None;
+    for payload in &scanned.records {
+        let rec: LogRecord = serde_json::from_slice(payload)
+            .map_err(|e| format!("{}: undecodable record: {e}", path.display()))?;
+        match rec {
+            LogRecord::Entry(e) => {
+                entries.insert(e.log_id.index, e);
+            }
+            LogRecord::Purged(id) => {
+                entries.retain(|&i, _| i > id.index);
+                last_purged = Some(id);
+            }
+        }
+    }
+    Ok(DecodedLog {
+        entries,
+        last_purged,
+        valid_len: scanned.valid_len,
+    })
+}
+
+/// The bytes of a rewritten log file holding `entries` after a purge up to `last_purged`.
+pub(crate) fn encode_log<'a>(
+    last_purged: Option<LogId<NodeId>>,
+    entries: impl Iterator<Item = &'a Entry<TypeConfig>>,
+) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    let mut push = |rec: &LogRecord| {
+        let payload = serde_json::to_vec(rec).expect("log records encode");
+        disk::encode_record(&payload, &mut bytes);
+    };
+    if let Some(id) = last_purged {
+        push(&LogRecord::Purged(id));
+    }
+    for e in entries {
+        push(&LogRecord::Entry(e.clone()));
+    }
+    bytes
+}
+
 impl LogInner {
     /// Rewrite the log file with what remains, atomically.
     fn rewrite(&mut self) -> std::io::Result<()> {
         let Some(d) = &mut self.disk else {
             return Ok(());
         };
-        let mut bytes = Vec::new();
-        let mut push = |rec: &LogRecord| {
-            let payload = serde_json::to_vec(rec).expect("log records encode");
-            disk::encode_record(&payload, &mut bytes);
-        };
-        if let Some(id) = self.last_purged {
-            push(&LogRecord::Purged(id));
-        }
-        for e in self.entries.values() {
-            push(&LogRecord::Entry(e.clone()));
-        }
+        let bytes = encode_log(self.last_purged, self.entries.values());
         disk::atomic_write(&d.dir, LOG_FILE, &bytes)?;
         d.log = disk::open_append(&d.dir.join(LOG_FILE))?;
         Ok(())

@@ -308,6 +308,68 @@ mod tests {
         assert!(Request::decode(&bad).is_err(), "another protocol version");
     }
 
+    /// Writes the fuzz target's seeds: `cargo test -p ramgrid-proto --lib write_fuzz_seeds --
+    /// --ignored` (to fuzz/seeds/shm_handshake/). Request and reply bodies (without the length
+    /// prefix, as `decode` takes them), and damaged ones.
+    #[test]
+    #[ignore = "writes files; run by hand to refresh the fuzz seeds"]
+    fn write_fuzz_seeds() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fuzz/seeds/shm_handshake"
+        );
+        std::fs::create_dir_all(dir).unwrap();
+        let write = |name: &str, framed: &[u8]| {
+            std::fs::write(format!("{dir}/{name}"), body(framed)).unwrap();
+        };
+        let req = Request {
+            token: b"secret-token".to_vec(),
+            table: "embed\u{e9}".into(),
+            incarnation: 0xdead_beef,
+            version: 3,
+        };
+        write("request", &req.encode());
+        let anon = Request {
+            token: vec![],
+            table: String::new(),
+            incarnation: 0,
+            version: 1,
+        };
+        write("request-empty", &anon.encode());
+        let granted = Reply::Granted {
+            server_id: "127.0.0.1:7000".into(),
+            incarnation: 7,
+            version: 3,
+            partitions: 8,
+            segments: (0..8)
+                .step_by(3)
+                .map(|p| Segment {
+                    partition: p,
+                    len: 4096 << p,
+                })
+                .collect(),
+        };
+        write("granted", &granted.encode());
+        let none = Reply::Granted {
+            server_id: "[::1]:7001".into(),
+            incarnation: u64::MAX,
+            version: u32::MAX,
+            partitions: 0,
+            segments: vec![],
+        };
+        write("granted-none", &none.encode());
+        write(
+            "refused",
+            &Reply::Refused("no such version".into()).encode(),
+        );
+        let mut cut = body(&granted.encode()).to_vec();
+        cut.truncate(cut.len() - 5);
+        std::fs::write(format!("{dir}/granted-cut"), cut).unwrap();
+        let mut kind = body(&granted.encode()).to_vec();
+        kind[8] = 2;
+        std::fs::write(format!("{dir}/unknown-kind"), kind).unwrap();
+    }
+
     #[test]
     fn socket_names_are_one_path_component() {
         let p = socket_path(1000, "[::1]:7000");

@@ -923,4 +923,55 @@ mod tests {
         let v1 = format!("{body}sum {:016x}\n", xxh3_64(body.as_bytes()));
         assert_eq!(Catalog::parse(&v1), Ok(c));
     }
+
+    /// Writes the fuzz target's seeds: `cargo test -p ramgrid-server --lib write_fuzz_seeds --
+    /// -- --ignored` (to fuzz/seeds/catalog/). Catalogs of each value type and durability, a
+    /// format 1 one, and damaged ones.
+    #[test]
+    #[ignore = "writes files; run by hand to refresh the fuzz seeds"]
+    fn write_fuzz_seeds() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/seeds/catalog");
+        fs::create_dir_all(dir).unwrap();
+        let write = |name: &str, text: &str| fs::write(format!("{dir}/{name}"), text).unwrap();
+        let types = [
+            ValueType::Bytes,
+            ValueType::I64,
+            ValueType::F64,
+            ValueType::F32Vec { dim: 768 },
+        ];
+        let names = ["emb", "a/../b c%", "t\u{e9}_-9", ""];
+        for (n, (t, name)) in types.into_iter().zip(names).enumerate() {
+            let c = Catalog {
+                spec: TableSpec {
+                    name: name.into(),
+                    partitions: 1 << n,
+                    replication: n as u32 + 1,
+                    value_type: t,
+                    durability: if n % 2 == 0 {
+                        Durability::Snapshot
+                    } else {
+                        Durability::Log
+                    },
+                    incarnation: 0x0123_4567_89ab_cdef_u64.rotate_left(n as u32 * 8),
+                },
+                high_water: 3 * n as u32,
+                current: n as u32,
+                sealed: (1..=n as u32).collect(),
+            };
+            let text = c.to_text();
+            assert_eq!(Catalog::parse(&text), Ok(c));
+            write(&format!("catalog{n}"), &text);
+        }
+        let text = fs::read_to_string(format!("{dir}/catalog2")).unwrap();
+        let body = text
+            .replace("ramgrid-catalog 2", "ramgrid-catalog 1")
+            .replace("durability snapshot\n", "");
+        let body = &body[..body.rfind("sum ").unwrap()];
+        write(
+            "format1",
+            &format!("{body}sum {:016x}\n", xxh3_64(body.as_bytes())),
+        );
+        write("bad-sum", &text.replace("current 2", "current 3"));
+        write("cut", &text[..text.len() - 9]);
+    }
 }

@@ -781,6 +781,69 @@ mod tests {
         assert!(matches!(scan(&b[..20], 7, 0xabc).end, End::Corrupt { .. }));
     }
 
+    /// Writes the fuzz target's seeds: `cargo test -p ramgrid-server --lib write_fuzz_seeds --
+    /// -- --ignored` (to fuzz/seeds/wal_log/). Logs of a few records each (the target reads the
+    /// version and incarnation to expect from the header), and damaged ones.
+    #[test]
+    #[ignore = "writes files; run by hand to refresh the fuzz seeds"]
+    fn write_fuzz_seeds() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/seeds/wal_log");
+        fs::create_dir_all(dir).unwrap();
+        let write = |name: &str, b: &[u8]| {
+            assert!(b.len() <= 4096, "seeds stay under the fuzz runs' -max_len");
+            fs::write(format!("{dir}/{name}"), b).unwrap();
+        };
+        let i64v = 42i64.to_le_bytes();
+        let f32v: Vec<u8> = [1.5f32, -0.0, f32::NAN]
+            .iter()
+            .flat_map(|f| f.to_le_bytes())
+            .collect();
+        let long = vec![b'k'; 300];
+        write("empty", &header(1, 1));
+        write("sample", &sample());
+        let mut logs = Vec::new();
+        for (n, (version, incarnation)) in [(1u32, 0u64), (2, 0xdead_beef), (u32::MAX, u64::MAX)]
+            .into_iter()
+            .enumerate()
+        {
+            let mut b = header(version, incarnation).to_vec();
+            encode_record(&mut b, version, 0, [Op::Put(b"k", &i64v)].into_iter());
+            encode_record(
+                &mut b,
+                version,
+                7,
+                [Op::Put(b"vec", &f32v), Op::Delete(b"k"), Op::Put(b"", b"")].into_iter(),
+            );
+            if n > 0 {
+                encode_record(
+                    &mut b,
+                    version,
+                    u32::MAX,
+                    [Op::Put(&long, &long), Op::Delete(&long)].into_iter(),
+                );
+            }
+            write(&format!("log{n}"), &b);
+            logs.push(b);
+        }
+        let b = &logs[1];
+        let last = scan(&b[..b.len() - 1], 2, 0xdead_beef).good_len as usize;
+        write("torn-header", &b[..last + 10]);
+        write("torn-body", &b[..b.len() - 3]);
+        let mut z = b.clone();
+        z.extend_from_slice(&[0; 64]);
+        write("zero-tail", &z);
+        let mut flipped = b.clone();
+        flipped[HEADER_LEN + 20] ^= 1;
+        write("corrupt-body", &flipped);
+        let mut len = b.clone();
+        len[HEADER_LEN] ^= 1;
+        write("corrupt-length", &len);
+        write("short-header", &b[..30]);
+        let mut other = header(5, 5).to_vec();
+        encode_record(&mut other, 6, 0, [Op::Delete(b"x")].into_iter());
+        write("wrong-version", &other);
+    }
+
     #[test]
     fn commits_are_durable_and_concurrent_committers_share_fsyncs() {
         let dir = temp_dir("group");
