@@ -323,6 +323,23 @@ class LocalGrid(Grid):
         self.last_move = Grid.add_server(self, str(sp.address))
         return str(sp.address)
 
+    def replace_server(self, i: int) -> dict[str, Any]:  # type: ignore[override]
+        """Starts a new server (the same flags, `--join` of the others) and puts it in the place of server `i`
+        (`Grid.replace_server`), which is killed first if it still runs: the way back from a server lost for good.
+        The new server becomes index `i`; returns the move report."""
+        self._check_open()
+        dead = self._servers[i]
+        self.kill(i)
+        index = self._next_index
+        self._next_index += 1
+        sp = self._spawn_server(index, "127.0.0.1:0", self._join_args(exclude=i))
+        self._servers[i] = sp
+        self._procs.remove(dead.proc)
+        self._procs.append(sp.proc)
+        report = Grid.replace_server(self, str(dead.address), str(sp.address))
+        self.last_move = report
+        return report
+
     def remove_server(self, i: int) -> dict[str, Any]:  # type: ignore[override]
         """Moves every partition off server `i` (`Grid.remove_server`), then stops it; the servers after it move
         down by one. Returns the move report."""

@@ -101,6 +101,9 @@ class Client:
         {"from", "to", "partitions_copied", "bytes_copied", "seconds"}."""
     def remove_server(self, addr: str) -> dict[str, Any]:
         """Moves every partition off `addr` and drops it from the spec; the move report (as add_server)."""
+    def replace_server(self, dead: str, new: str) -> dict[str, Any]:
+        """Puts the running, empty server `new` in the place of `dead` (failed over first if silent); the move
+        report (as add_server)."""
     def cluster_status(self) -> list[dict[str, Any]]:
         """Per server of the spec: {"server": addr, "ok", "error", "server_id", "epoch", "pending_partitions",
         "copied_partitions", "copied_bytes", ...}."""

@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp = clsub.add_parser(name, help=help, description=help)
         _common(sp, top=False)
         sp.add_argument("addr", metavar="ADDR", help="the server's host:port")
+    rp_help = "put a running, empty server in the place of a dead one (failed over first if it is still in the spec)"
+    rp = clsub.add_parser("replace", help=rp_help, description=rp_help)
+    _common(rp, top=False)
+    rp.add_argument("addr", metavar="DEAD", help="the host:port of the server to replace")
+    rp.add_argument("new", metavar="NEW", help="the host:port of the running, empty server that takes its place")
 
     tb = add("table", "create, drop, list or describe tables")
     tbsub = tb.add_subparsers(dest="action", metavar="ACTION")
@@ -386,11 +391,13 @@ def _update_state_addresses(args: argparse.Namespace, to: Sequence[str]) -> None
 
 
 def cmd_cluster_move(args: argparse.Namespace) -> int:
-    """`cluster add ADDR` / `cluster remove ADDR`: one move, its report printed."""
+    """`cluster add ADDR` / `cluster remove ADDR` / `cluster replace DEAD NEW`: one move, its report printed."""
     grid = _grid(args)
     try:
         if args.action == "add":
             report = grid.add_server(args.addr)
+        elif args.action == "replace":
+            report = grid.replace_server(args.addr, args.new)
         else:
             report = grid.remove_server(args.addr)
     except ValueError as e:
@@ -398,7 +405,7 @@ def cmd_cluster_move(args: argparse.Namespace) -> int:
     finally:
         grid.close()
     _update_state_addresses(args, report["to"])
-    verb = "added" if args.action == "add" else "removed"
+    verb = {"add": "added", "replace": f"replaced by {getattr(args, 'new', '')}"}.get(args.action, "removed")
     print(
         f"{verb} {args.addr}: {report['partitions_copied']} partitions ({report['bytes_copied']} bytes) copied "
         f"in {report['seconds']:.2f} s"
@@ -578,6 +585,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("cluster", "status"): cmd_cluster_status,
         ("cluster", "add"): cmd_cluster_move,
         ("cluster", "remove"): cmd_cluster_move,
+        ("cluster", "replace"): cmd_cluster_move,
     }
     action = str(getattr(args, "action", ""))
     if (args.command, action) in handlers:

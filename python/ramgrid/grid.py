@@ -216,8 +216,9 @@ class Grid:
 
         Returns the move report: {"from": [...], "to": [...], "partitions_copied": int, "bytes_copied": int,
         "seconds": float}. Raises ValueError if `addr` is a member already or another move is in progress, and
-        the usual connection errors if a server of either end cannot be reached (a move refused at the start is
-        undone; one that fails later is resumed by asking for the same move again)."""
+        MoveFailed (retryable) if the move could not be done or finished: a member that does not answer is waited
+        for (up to 30 s) until the control plane fails it over, then the move goes on without it; a move refused
+        at the start is undone, and one that fails later is resumed by asking for the same move again."""
         report = dict(self._client().add_server(str(addr)))
         return _logged_move("added", addr, report)
 
@@ -227,6 +228,16 @@ class Grid:
         ValueError if `addr` is not a member, or is the last one."""
         report = dict(self._client().remove_server(str(addr)))
         return _logged_move("removed", addr, report)
+
+    def replace_server(self, dead: str, new: str) -> dict[str, Any]:
+        """Replaces the server at `dead` (down for good, or to be retired) with the running, empty server at `new`
+        ("host:port", best started with `--join` of the members), in one move: `new` takes `dead`'s place and its
+        partitions. A `dead` server that does not answer is failed over by the control plane first (within its
+        failure timeout; this waits up to 30 s for it), after which `new` is added. Returns the move report, as
+        `add_server`. Raises MoveFailed (retryable: nothing moved, or the move was undone) or ValueError (`new` is
+        a member already)."""
+        report = dict(self._client().replace_server(str(dead), str(new)))
+        return _logged_move(f"replaced {dead} with", new, report)
 
     def status(self) -> list[dict[str, Any]]:
         """Each server's view of the cluster (CLUSTER_STATUS), in spec order (both ends of a move in progress):

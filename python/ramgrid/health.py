@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 FULL = "full service"
+# The voters the metadata group's leader keeps when it can (crates/ramgrid-server/src/meta/leader.rs, VOTERS).
+VOTERS = 3
 DEGRADED = (
     "degraded: no majority of the metadata group's voters answers; pinned reads of sealed versions are served by "
     "any live replica, unpinned reads, writes, version switches and catalog changes are refused (NO_QUORUM)"
@@ -34,7 +36,8 @@ def group_health(statuses: list[dict[str, Any]]) -> dict[str, Any]:
     """{"leader": address | None (the one every answering server names; None if none or they disagree),
     "voters": [addresses], "voters_alive": [those answering], "majority": int, "tolerates": int (more voters that
     may fail with the group still able to decide; -1 without a majority now), "mode": FULL or DEGRADED,
-    "whole": bool (one leader known to every answering server, every answering server a member)}.
+    "whole": bool (one leader known to every answering server, every answering server a member, and the voters
+    the leader keeps: up to 3 of them answering)}.
 
     Without a metadata group (servers started without one) the leader is None, the voters empty and the mode
     full service."""
@@ -59,7 +62,8 @@ def group_health(statuses: list[dict[str, Any]]) -> dict[str, Any]:
     leaders = {leader(s) for s in grouped}
     one_leader = leaders.pop() if len(leaders) == 1 else None
     quorum_ok = one_leader is not None and len(alive) >= majority and all(s.get("quorum") == "ok" for s in grouped)
-    whole = quorum_ok and all(str(s.get("server")) in view for s in live)
+    # Whole: every answering server a member, and as many voters as the leader keeps (up to 3 live ones).
+    whole = quorum_ok and all(str(s.get("server")) in view for s in live) and len(alive) >= min(VOTERS, len(live))
     return {
         "leader": one_leader,
         "voters": voters,

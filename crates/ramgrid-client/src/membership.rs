@@ -161,6 +161,29 @@ impl Client {
         })
     }
 
+    /// Replaces the server at `dead` with the running, empty server at `new` in one move: `new`
+    /// takes `dead`'s place in the spec and its partitions. A `dead` that does not answer is first
+    /// failed over by the control plane (waited for, as in [`Client::add_server`]); once it is out
+    /// of the spec, `new` is added. Retiring a live server this way moves its partitions to `new`.
+    pub fn replace_server(&self, dead: &str, new: &str) -> Result<MoveReport> {
+        if dead == new {
+            return Err(Error::InvalidArgument(format!(
+                "{new} cannot replace itself"
+            )));
+        }
+        self.move_while_down(|spec| {
+            let mut to = spec.next().unwrap_or(spec.servers()).to_vec();
+            if to.iter().any(|s| s == new) {
+                return Err(Error::InvalidArgument(format!("{new} is already a member")));
+            }
+            match to.iter().position(|s| s == dead) {
+                Some(i) => to[i] = new.to_owned(),
+                None => to.push(new.to_owned()),
+            }
+            Ok(to)
+        })
+    }
+
     /// A move to `target(spec now)`, asked again with a fresh spec while it fails because a
     /// member does not answer: the control plane fails such a member over within its failure
     /// timeout, and the next spec no longer names it. Gives up after [`DOWN_WAIT`].

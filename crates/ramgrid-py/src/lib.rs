@@ -468,6 +468,20 @@ impl Client {
         move_report_dict(py, &report)
     }
 
+    /// Puts the running, empty server at `new` in the place of `dead` (failed over first if it
+    /// does not answer); returns the move report as a dict.
+    fn replace_server<'py>(
+        &self,
+        py: Python<'py>,
+        dead: &str,
+        new: &str,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let report = py
+            .allow_threads(|| self.inner.replace_server(dead, new))
+            .map_err(|e| to_py(py, e))?;
+        move_report_dict(py, &report)
+    }
+
     /// Moves every partition off the server at `addr` and drops it from the spec; returns the
     /// move report as a dict.
     fn remove_server<'py>(&self, py: Python<'py>, addr: &str) -> PyResult<Bound<'py, PyDict>> {

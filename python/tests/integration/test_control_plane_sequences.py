@@ -218,3 +218,19 @@ def test_a_rolling_restart_keeps_the_group_able_to_lose_one_more(grid: Any) -> N
         h = grid.health()
         assert h["tolerates"] == 1 and len(h["voters"]) == 3 and h["mode"] == "full service", (i, h)
     assert (t.get_many(KEYS) == KEYS * 2).all()
+
+
+def test_a_server_lost_for_good_is_replaced_in_one_call(grid: Any) -> None:
+    """A server dies for good; `replace_server` waits for its fail-over and puts a new, empty one in its place: the
+    new one holds partitions, the group is whole again with three voters, and every key reads back."""
+    t = _table(grid)
+    grid.wait_repaired()
+    dead = grid.addresses[2]
+    grid.kill(2)
+    report = grid.replace_server(2)
+    assert dead not in report["to"] and grid.addresses[2] in report["to"], report
+    grid.wait_repaired()
+    h = grid.health()
+    assert h["tolerates"] == 1 and grid.addresses[2] in h["voters"], h
+    assert (t.get_many(KEYS) == KEYS * 2).all()
+    print(f"\nreplace a dead server: {report['partitions_copied']} partitions copied in {report['seconds']:.2f} s")

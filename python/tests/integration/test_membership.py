@@ -172,6 +172,16 @@ def test_cli_cluster_add_status_remove(tmp_path: Path) -> None:
         assert f"removed {new}" in removed.stdout and f"servers: {members}\n" in removed.stdout
         got = _rg(env, "get", "t", "0", "7", "14", "--int-keys")
         assert got.stdout.split() == ["0", "0", "7", "35", "14", "70"]
+        # `cluster replace DEAD NEW`: here a live member retired, its partitions moved to the new server in its place.
+        first = members.split(",")[0]
+        (tmp_path / "r").mkdir()
+        extra += start_servers(1, memory="32MiB", log_dir=tmp_path / "r", extra_args=["--join", members])
+        repl = str(extra[-1].address)
+        replaced = _rg(env, "cluster", "replace", first, repl)
+        assert f"replaced by {repl} {first}" in replaced.stdout, replaced.stdout
+        assert f"servers: {','.join([repl, *members.split(',')[1:]])}\n" in replaced.stdout, replaced.stdout
+        got = _rg(env, "get", "t", "0", "7", "14", "--int-keys")
+        assert got.stdout.split() == ["0", "0", "7", "35", "14", "70"]
     finally:
         stop_processes([sp.proc for sp in extra])
         _rg(env, "cluster", "down")
