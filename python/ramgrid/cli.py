@@ -21,7 +21,6 @@ from typing import Any
 from ramgrid._types import parse_value_type, spell_value_type
 from ramgrid.config import ENV_SPEC, default_state_dir, resolve_settings
 from ramgrid.exceptions import RamgridError
-from ramgrid.health import group_health
 from ramgrid.health import summary as health_summary
 
 STATE_FILE = "cluster.json"
@@ -320,15 +319,16 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
         raise
     try:
         statuses = grid.status()
+        health = grid.health() if any(s.get("ok") for s in statuses) else None
     except RamgridError as e:
         print(f"cluster status unavailable: {type(e).__name__}: {e}")
         return 1
     finally:
         grid.close()
     live = [s for s in statuses if s.get("ok")]
-    if live:
+    if live and health is not None:
         print(_group_summary(live))
-        print(health_summary(group_health(statuses)))
+        print(health_summary(health))
     for s in statuses:
         if not s.get("ok"):
             ok = False

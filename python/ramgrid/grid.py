@@ -251,11 +251,20 @@ class Grid:
     def health(self) -> dict[str, Any]:
         """The metadata group's health from `status()`: {"leader", "voters", "voters_alive", "majority",
         "tolerates" (how many more voters may fail with the cluster still deciding; -1 without a majority now),
-        "mode" ("full service", or "degraded: ..." saying what is served without a majority), "whole"}
+        "mode" ("full service", or "degraded: ..." saying what is served without a majority), "whole",
+        "unavailable": {table: [partitions none of whose replicas answers]} (tables with some only)}
         (`ramgrid.health.group_health`; docs/control-plane.md, "Without a majority")."""
-        from ramgrid.health import group_health
+        from ramgrid.health import group_health, unavailable_partitions
 
-        return group_health(self.status())
+        statuses = self.status()
+        h = group_health(statuses)
+        answering = {str(x.get("server")) for x in statuses if x.get("ok")}
+        try:
+            owners = {name: self.table(name).owners() for name in self.tables()}
+        except RamgridError:  # no server could list the tables: nothing more to say
+            owners = {}
+        h["unavailable"] = unavailable_partitions(owners, answering)
+        return h
 
 
 def _logged_move(verb: str, addr: str, report: dict[str, Any]) -> dict[str, Any]:

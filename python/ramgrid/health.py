@@ -75,6 +75,17 @@ def group_health(statuses: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def unavailable_partitions(owners: dict[str, list[list[str]]], answering: set[str]) -> dict[str, list[int]]:
+    """{table: [partitions none of whose replicas is among `answering`]}, for the tables with any: data that
+    cannot be read until a replica comes back (or, for a server lost for good without `--data-dir`, lost)."""
+    out: dict[str, list[int]] = {}
+    for table, parts in owners.items():
+        dead = [p for p, replicas in enumerate(parts) if not any(r in answering for r in replicas)]
+        if dead:
+            out[table] = dead
+    return out
+
+
 def summary(h: dict[str, Any]) -> str:
     """One line for people: "3 of 3 voters answer (leader A); tolerates 1 more failure; full service"."""
     if not h["voters"]:
@@ -84,4 +95,8 @@ def summary(h: dict[str, Any]) -> str:
     tol = "no majority" if n < 0 else f"tolerates {n} more failure{'' if n == 1 else 's'}"
     missing = sorted(set(h["voters"]) - set(h["voters_alive"]))
     gone = f" (not answering: {', '.join(missing)})" if missing else ""
-    return f"{len(h['voters_alive'])} of {len(h['voters'])} voters answer{gone}, {lead}; {tol}; {h['mode']}"
+    line = f"{len(h['voters_alive'])} of {len(h['voters'])} voters answer{gone}, {lead}; {tol}; {h['mode']}"
+    lost = h.get("unavailable") or {}
+    if lost:
+        line += "\npartitions with no replica answering: " + "; ".join(f"{t} {ps}" for t, ps in sorted(lost.items()))
+    return line

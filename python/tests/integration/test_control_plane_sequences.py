@@ -128,6 +128,8 @@ def test_without_a_majority_pinned_reads_go_on_and_writes_are_refused(grid: Any)
     version = t.current_version()
     live = grid.create_table("nomaj_open", partitions=16, replication=3, value_type="i64")
     live.put_many(KEYS, KEYS * 2)
+    single = grid.create_table("single", partitions=8, replication=1, value_type="i64")
+    on_dead = [p for p, o in enumerate(single.owners()) if o[0] in (grid.addresses[1], grid.addresses[2])]
     grid.wait_repaired()
     grid.kill(1)
     grid.kill(2)
@@ -147,6 +149,8 @@ def test_without_a_majority_pinned_reads_go_on_and_writes_are_refused(grid: Any)
     health = grid.health()
     assert health["mode"].startswith("degraded") and health["tolerates"] == -1, health
     assert set(health["voters"]) - set(health["voters_alive"]) == missing, health
+    # The data that cannot be read now is named: the one-replica table's partitions on the dead servers.
+    assert health["unavailable"] == {"single": on_dead}, health
     # One voter back with its state directory: a majority again, and everything resumes by itself.
     grid.restart(1)
     _heals("no majority, one voter back", live)
