@@ -33,7 +33,8 @@ def leader(status: dict[str, Any]) -> str | None:
 
 
 def group_health(statuses: list[dict[str, Any]]) -> dict[str, Any]:
-    """{"leader": address | None (the one every answering server names; None if none or they disagree),
+    """{"leader": address | None (the one every answering server names, in contact with a majority; None if
+    none, if they disagree, or without a majority),
     "voters": [addresses], "voters_alive": [those answering], "majority": int, "tolerates": int (more voters that
     may fail with the group still able to decide; -1 without a majority now), "mode": FULL or DEGRADED,
     "whole": bool (one leader known to every answering server, every answering server a member, and the voters
@@ -65,7 +66,7 @@ def group_health(statuses: list[dict[str, Any]]) -> dict[str, Any]:
     # Whole: every answering server a member, and as many voters as the leader keeps (up to 3 live ones).
     whole = quorum_ok and all(str(s.get("server")) in view for s in live) and len(alive) >= min(VOTERS, len(live))
     return {
-        "leader": one_leader,
+        "leader": one_leader if quorum_ok else None,
         "voters": voters,
         "voters_alive": alive,
         "majority": majority,
@@ -90,7 +91,7 @@ def summary(h: dict[str, Any]) -> str:
     """One line for people: "3 of 3 voters answer (leader A); tolerates 1 more failure; full service"."""
     if not h["voters"]:
         return "no metadata group; full service"
-    lead = f"leader {h['leader']}" if h["leader"] else "no leader"
+    lead = f"leader {h['leader']}" if h["leader"] else "no leader with a majority"
     n = h["tolerates"]
     tol = "no majority" if n < 0 else f"tolerates {n} more failure{'' if n == 1 else 's'}"
     missing = sorted(set(h["voters"]) - set(h["voters_alive"]))

@@ -106,3 +106,17 @@ def test_em_on_skin_slice(em: ModuleType) -> None:
     res = em.main(["--rows", "30000", "--iterations", "4", "--scheduler", "threads"])
     assert res["pinned_ok"]
     assert max(res["relative_diffs"].values()) < 1e-7
+
+
+def test_the_survive_failures_example_runs() -> None:
+    import subprocess
+
+    r = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "examples" / "survive_failures.py")],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "a write is refused" in r.stdout and "NO_QUORUM" in r.stdout, r.stdout
