@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ramgrid import health
 from ramgrid._types import parse_value_type, spell_value_type
 from ramgrid.config import ENV_SPEC, default_state_dir, resolve_settings
 from ramgrid.exceptions import RamgridError
-from ramgrid.health import summary as health_summary
 
 STATE_FILE = "cluster.json"
 SPEC_FILE = "cluster.spec"
@@ -319,16 +319,16 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
         raise
     try:
         statuses = grid.status()
-        health = grid.health() if any(s.get("ok") for s in statuses) else None
+        group = grid.health(statuses) if any(s.get("ok") for s in statuses) else None
     except RamgridError as e:
         print(f"cluster status unavailable: {type(e).__name__}: {e}")
         return 1
     finally:
         grid.close()
     live = [s for s in statuses if s.get("ok")]
-    if live and health is not None:
+    if live and group is not None:
         print(_group_summary(live))
-        print(health_summary(health))
+        print(health.summary(group))
     for s in statuses:
         if not s.get("ok"):
             ok = False
@@ -358,13 +358,9 @@ def _group_summary(statuses: list[dict[str, Any]]) -> str:
 
 def _role(s: dict[str, Any]) -> str:
     """leader, voter or learner in the metadata group (or "-" outside one)."""
-    if str(s.get("meta_leader", "")).split(" ")[0] == s["server"]:
+    if health.leader(s) == s["server"]:
         return "leader"
-    for m in str(s.get("meta_member") or "").split("; "):
-        parts = m.split(" ")
-        if len(parts) == 3 and parts[0] == s["server"]:
-            return parts[2]
-    return "-"
+    return health.members(s).get(str(s["server"]), "-")
 
 
 def _update_state_addresses(args: argparse.Namespace, to: Sequence[str]) -> None:

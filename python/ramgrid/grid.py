@@ -248,15 +248,17 @@ class Grid:
         repairing when its "pending_partitions" is 0 and "catalog_learned" is 1."""
         return list(self._client().cluster_status())
 
-    def health(self) -> dict[str, Any]:
-        """The metadata group's health from `status()`: {"leader", "voters", "voters_alive", "majority",
+    def health(self, statuses: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The metadata group's health from `status()` (or from `statuses`, a list it returned just now):
+        {"leader", "voters", "voters_alive", "majority",
         "tolerates" (how many more voters may fail with the cluster still deciding; -1 without a majority now),
         "mode" ("full service", or "degraded: ..." saying what is served without a majority), "whole",
         "unavailable": {table: [partitions none of whose replicas answers]} (tables with some only)}
         (`ramgrid.health.group_health`; docs/control-plane.md, "Without a majority")."""
         from ramgrid.health import group_health, unavailable_partitions
 
-        statuses = self.status()
+        if statuses is None:
+            statuses = self.status()
         h = group_health(statuses)
         answering = {str(x.get("server")) for x in statuses if x.get("ok")}
         try:

@@ -54,8 +54,7 @@ COUNTED = {"move": "moves", "pause": "pauses_survived", "sequences": "sequences_
 
 
 def _leader_index(g: Any) -> int:
-    leaders = {str(x.get("meta_leader", "none")).split(" ")[0] for x in g.status() if x.get("ok")}
-    leader = leaders.pop() if len(leaders) == 1 else None
+    leader = g.health()["leader"]
     return g.addresses.index(leader) if leader in g.addresses else 0
 
 

@@ -44,9 +44,9 @@ def _table(g: Any) -> Any:
 
 
 def _leader(g: Any) -> str:
-    leaders = {str(s.get("meta_leader", "none")).split(" ")[0] for s in g.status() if s.get("ok")}
-    assert len(leaders) == 1, leaders
-    return leaders.pop()
+    leader = g.health()["leader"]
+    assert leader is not None, g.status()
+    return str(leader)
 
 
 def _heals(what: str, t: Any) -> tuple[float, float]:
