@@ -49,12 +49,15 @@ class GridConfig:
     pool_size: int = 4
     call_timeout: float = 30.0
     tls: TLS | None = None
+    consistency: str = "linearizable"
 
     def __post_init__(self) -> None:
         if self.tls is not None and not isinstance(self.tls, TLS):
             raise TypeError(f"tls must be a ramgrid.TLS or None, not {type(self.tls).__name__}")
         if self.ack not in _ACKS:
             raise ValueError(f"ack must be one of {', '.join(_ACKS)}, got {self.ack!r}")
+        if self.consistency not in ("linearizable", "replica"):
+            raise ValueError(f'consistency must be "linearizable" or "replica", got {self.consistency!r}')
         if not self.timeout > 0 or not self.connect_timeout > 0 or not self.call_timeout > 0:
             raise ValueError("timeouts must be positive (seconds)")
         if self.near_cache_bytes < 0 or self.pool_size < 1:
@@ -69,6 +72,7 @@ class GridConfig:
                 timeout_ms=max(1, int(self.timeout * 1000)),
                 connect_timeout_ms=max(1, int(self.connect_timeout * 1000)),
                 ack=self.ack,
+                consistency=self.consistency,
                 near_cache_bytes=int(self.near_cache_bytes),
                 pool_size=int(self.pool_size),
                 call_timeout_ms=max(1, int(self.call_timeout * 1000)),

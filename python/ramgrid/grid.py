@@ -811,13 +811,18 @@ def connect(
     pool_size: int = 4,
     call_timeout: float = 30.0,
     tls: TLS | None = None,
+    consistency: str = "linearizable",
 ) -> Grid:
     """A handle on the cluster named by `spec`: a list of "host:port", a comma-separated string of them, or the
     path of a spec file (one host:port per line). The order of servers defines the partition map, so every client
     of a cluster must use the same order.
 
     `timeout`: seconds per request; `call_timeout`: seconds per call at most, every retry and failover included;
-    `ack`: replicas that must acknowledge a write ("all", "majority", "one");
+    `ack`: replicas that must acknowledge a write ("all", "majority", "one"; each partition's primary orders its
+    writes and answers once every replica applied them, so today every level gets what "all" promises);
+    `consistency`: what a read of an open version may return: "linearizable" (the default: from the partition's
+    primary, never missing a write that returned before the read began) or "replica" (spread over the replicas:
+    every acknowledged write, but a write still in flight may show at one replica before another; docs/replication.md);
     `near_cache_bytes`: size of the in-process cache for pinned (immutable) versions, 0 = off;
     `tls`: a `ramgrid.TLS` to connect over TLS (servers started with --tls-cert; docs/tls.md).
     Connections are opened on first use, in whichever process uses the handle.
@@ -834,5 +839,6 @@ def connect(
             pool_size=int(pool_size),
             call_timeout=float(call_timeout),
             tls=tls,
+            consistency=consistency,
         )
     )

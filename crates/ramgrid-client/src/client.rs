@@ -32,7 +32,7 @@ use crate::deadline::{self, CallScope};
 use crate::error::{Error, Result};
 use crate::health::Prober;
 use crate::near::{NearCache, NearStats};
-use crate::plan::Ack;
+use crate::plan::{Ack, Consistency};
 use crate::values::Values;
 
 pub use crate::admin::{TableDescription, TableMeta, VersionSummary};
@@ -64,6 +64,8 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Replicas that must acknowledge each written key.
     pub ack: Ack,
+    /// What reads of open or current versions may return.
+    pub consistency: Consistency,
     /// Near cache size in bytes for sealed versions read with a pinned version; 0 turns it off.
     pub near_cache_bytes: usize,
     /// Idle connections kept per server.
@@ -86,6 +88,7 @@ impl ClientConfig {
             call_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(1),
             ack: Ack::All,
+            consistency: Consistency::Linearizable,
             near_cache_bytes: 0,
             pool_size: 4,
             spec_retries: 6,
@@ -128,7 +131,7 @@ pub(crate) struct Inner {
     pub(crate) settings: ConnSettings,
     pub(crate) call_timeout: Duration,
     pub(crate) prober: Arc<Prober>,
-    pub(crate) ack: Ack,
+    pub(crate) consistency: Consistency,
     pub(crate) spec_retries: u32,
     pub(crate) topo: RwLock<Arc<Topology>>,
     pub(crate) pools: Mutex<HashMap<String, Arc<Pool>>>,
@@ -284,6 +287,7 @@ pub(crate) fn refusal(
         | Status::VersionExists
         | Status::Repairing
         | Status::NoQuorum
+        | Status::Indeterminate
         | Status::Ok => {
             if e.status == Status::BadRequest {
                 return OpError::Fatal(Error::InvalidArgument(format!(
@@ -324,7 +328,7 @@ impl Client {
             settings,
             call_timeout: config.call_timeout,
             prober: Prober::new(),
-            ack: config.ack,
+            consistency: config.consistency,
             spec_retries: config.spec_retries,
             topo: RwLock::new(Arc::new(Topology {
                 epoch: spec.epoch(),

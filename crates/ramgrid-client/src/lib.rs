@@ -53,7 +53,7 @@ pub use membership::{MoveReport, ServerStatus};
 pub use near::{NearCache, NearStats};
 pub use ops::{OpAnswer, OpResult, OpSpec};
 pub use pipeline::Pipeline;
-pub use plan::Ack;
+pub use plan::{Ack, Consistency};
 pub use ramgrid_proto::cluster::{partition_of, ClusterSpec};
 pub use ramgrid_proto::native::Merge;
 pub use ramgrid_proto::native::{Durability, Predicate, Stats, ValueType};

@@ -294,7 +294,12 @@ impl Client {
                 let io = RoundIo {
                     opcode: ramgrid_proto::native::Opcode::Operator,
                     hedge: false,
-                    pick: Pick::Spread(seed),
+                    // Spread where every replica holds the same (a sealed version, or relaxed
+                    // reads); the primaries otherwise, as a read would (round.rs, read_pick).
+                    pick: match self.read_pick(table, pin) {
+                        Pick::Spread(_) => Pick::Spread(seed),
+                        other => other,
+                    },
                     keys_in: &|_| 1,
                     encode: &mut encode,
                     take: &mut take,

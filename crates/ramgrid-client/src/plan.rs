@@ -87,7 +87,10 @@ impl Groups {
     }
 }
 
-/// How many replicas must acknowledge a write before the key counts as stored.
+/// How many replicas must acknowledge a write before the key counts as stored. Writes are
+/// ordered by each partition's primary, which answers only once every replica of the committed
+/// assignment applied the write (docs/replication.md): every level gets that promise today, and
+/// the level is kept for the configurations that name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Ack {
     /// Every replica of the key's partition.
@@ -97,6 +100,31 @@ pub enum Ack {
     Majority,
     /// Any one.
     One,
+}
+
+/// What a read of an open or current version may return (docs/replication.md, "Reads").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Consistency {
+    /// Linearizable: read from the partition's primary, which holds a write only once every
+    /// replica does; no read that starts after a write returned misses it.
+    #[default]
+    Linearizable,
+    /// Any replica, spread over them: every acknowledged write is there, but a write still in
+    /// flight may be seen at one replica and not yet at another.
+    Replica,
+}
+
+impl std::str::FromStr for Consistency {
+    type Err = crate::Error;
+    fn from_str(s: &str) -> crate::Result<Consistency> {
+        match s {
+            "linearizable" => Ok(Consistency::Linearizable),
+            "replica" => Ok(Consistency::Replica),
+            _ => Err(crate::Error::InvalidArgument(format!(
+                "consistency must be \"linearizable\" or \"replica\", not {s:?}"
+            ))),
+        }
+    }
 }
 
 impl Ack {

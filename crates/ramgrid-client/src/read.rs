@@ -13,7 +13,7 @@ use crate::client::{
 use crate::error::{Error, Result};
 use crate::keys::Keys;
 use crate::plan::Groups;
-use crate::round::RoundIo;
+use crate::round::{Pick, RoundIo};
 use crate::values::{Values, ValuesMut};
 
 impl Client {
@@ -399,10 +399,12 @@ impl<'a, 'k> ReadCtx<'a, 'k> {
                 other => Ok(Handled::Failed(unexpected(addr, &other))),
             }
         };
+        let pick = client.read_pick(table, version);
         let io = RoundIo {
             opcode: Opcode::Get,
-            hedge: true,
-            pick: client.read_pick(table, version),
+            // A linearizable read waits for its primary: a backup may show a write in flight.
+            hedge: pick != Pick::Primary,
+            pick,
             keys_in: &|p| by_part.row(p as usize).len(),
             encode: &mut encode,
             take: &mut take,

@@ -22,7 +22,7 @@ use ramgrid_proto::native::{Opcode, Response, Status};
 use crate::client::{refusal, Client, Handled, OpError, Topology};
 use crate::error::Error;
 use crate::hedge::{Encode, ReadIo, Take};
-use crate::plan::{Ack, Groups};
+use crate::plan::{Consistency, Groups};
 
 /// Which replica of a partition a round asks first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,17 +58,20 @@ impl Pick {
 static READ_SEED: AtomicU64 = AtomicU64::new(0);
 
 impl Client {
-    /// The replica rule for reads (docs/client.md, rule 16, "Reads spread over replicas"). A read
-    /// spreads over the replicas when every replica holds what it may be asked for:
-    /// 1. a sealed version is identical on every replica (written, then sealed, before any pinned
-    ///    read can name it), so its reads always spread;
-    /// 2. with `ack = all` this client's writes were acknowledged by every replica before they
-    ///    returned, so reads of the current (or any open) version spread too and still see them;
-    /// 3. otherwise (`ack = one` or `majority`) a replica may lag behind a write this client has
-    ///    seen acknowledged, so reads go to the primary first, as before, and read your writes.
+    /// The replica rule for reads (docs/client.md, rule 16; docs/replication.md, "Reads"):
+    /// 1. a sealed version is identical on every replica (written, then sealed, before any read
+    ///    can name it), so its reads spread over the replicas. The current version (0) is always
+    ///    a sealed one; which one it is, every server learns from the metadata group;
+    /// 2. with `consistency = replica` reads of an open version spread too: every acknowledged
+    ///    write is on every replica, but a write in flight may be seen at a backup before the
+    ///    primary shows it;
+    /// 3. otherwise (the default) reads of an open version go to the primary, which holds a write
+    ///    only once every replica does: linearizable. The primary is not hedged; a failed
+    ///    primary's partitions go to the next replica, as every read's do.
     pub(crate) fn read_pick(&self, table: &str, version: u32) -> Pick {
-        let same_everywhere =
-            self.inner.ack == Ack::All || (version != 0 && self.version_sealed(table, version));
+        let same_everywhere = self.inner.consistency == Consistency::Replica
+            || version == 0
+            || self.version_sealed(table, version);
         if same_everywhere {
             Pick::Spread(READ_SEED.fetch_add(1, Ordering::Relaxed))
         } else {

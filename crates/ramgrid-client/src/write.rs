@@ -1,5 +1,6 @@
-//! Writes: every key of a PUT or DELETE goes to every replica of its partition, acknowledgements are
-//! counted per key, and keys short of the configured level are reported by index with a reason.
+//! Writes: every key of a PUT or DELETE goes to the primary of its partition, which orders it,
+//! forwards it to the other replicas and answers once every one of them applied it
+//! (docs/replication.md); keys it did not store are reported by index with a reason.
 
 use ramgrid_proto::native::{
     KeyBatchWriter, KeyStatus, Merge, Opcode, PutWriter, Response, Status, ValueType, MAX_KEY_LEN,
@@ -13,10 +14,11 @@ use crate::values::ValuesRef;
 
 impl Client {
     /// Writes `values` for `keys` into `table` at `version` (0 = current; a sealed version refuses).
-    /// Every key goes to every replica of its partition; a key counts as stored when the configured
-    /// acknowledgement level is met. Keys that were not are reported together in [`Error::Batch`]
-    /// (the others are stored); if no replica of some partitions could be reached at all, the error
-    /// is [`Error::PartitionsUnavailable`] naming them instead.
+    /// Every key goes to the primary of its partition, which stores it on every replica of the
+    /// committed assignment before it answers. Keys that were not stored are reported together in
+    /// [`Error::Batch`] (the others are stored); if the primary of some partitions could not be
+    /// reached at all, the error is [`Error::PartitionsUnavailable`] naming them instead. A key
+    /// whose primary answered INDETERMINATE may have been stored at some replicas.
     pub fn put(
         &self,
         table: &str,
@@ -28,10 +30,11 @@ impl Client {
     }
 
     /// [`Client::put`] with each value merged into the stored one by the server (`Merge::Add`,
-    /// `Min`, `Max`; i64 and f64 tables only, refused whole otherwise). Each replica merges under
-    /// its partition's write lock, so concurrent writers lose no update. A PUT is never sent twice
-    /// once its frame was written (the retry rule in exchange.rs), so a merge is applied at most once
-    /// per replica per call; a call that fails may have been applied at some replicas.
+    /// `Min`, `Max`; i64 and f64 tables only, refused whole otherwise). The primary orders the
+    /// merges of a partition and every replica applies them in that order, so concurrent writers
+    /// lose no update and replicas agree. A PUT is never sent twice once its frame was written (the
+    /// retry rule in exchange.rs), so a merge is applied at most once per call; a call that fails
+    /// may have been applied at some replicas.
     pub fn put_merge(
         &self,
         table: &str,
@@ -58,7 +61,7 @@ impl Client {
     }
 
     /// Deletes `keys` from `table` at `version` on every replica. Returns how many were found and
-    /// deleted (on at least one replica). Failures are reported as for [`Client::put`].
+    /// deleted. Failures are reported as for [`Client::put`].
     pub fn delete(&self, table: &str, keys: Keys<'_>, version: u32) -> Result<usize> {
         let _call = self.call();
         keys.validate()?;
@@ -123,7 +126,7 @@ impl Client {
         Ok(outcome)
     }
 
-    /// One round of a PUT (values given) or DELETE to every replica of the keys `idx`; adds to
+    /// One round of a PUT (values given) or DELETE to the primaries of the keys `idx`; adds to
     /// `outcome` only once the round is over (a stale refusal leaves it untouched for the retry).
     fn write_chunk(
         &self,
@@ -145,21 +148,17 @@ impl Client {
             Some(parts[j as usize] as usize)
         });
         let busy: Vec<u32> = by_part.busy().map(|p| p as u32).collect();
-        // Servers that failed recently are not waited for: their replicas' keys count as not acknowledged.
+        // A primary that failed recently is not waited for: its partitions' keys are not written
+        // until the control plane fails it over and names another.
         let live = |s: u32| !topo.pools[s as usize].is_down();
-        // During a move a write goes to the replicas under both ends of it (write_replicas).
-        let per_server = Groups::by_targets(topo.pools.len(), busy.iter().copied(), |p| {
-            map.write_replicas(p)
-                .into_iter()
-                .filter(|&s| live(s))
-                .map(|s| s as usize)
-                .collect::<SmallVec>()
+        let per_server = Groups::by_target(topo.pools.len(), busy.iter().copied(), |p| {
+            map.primary(p).filter(|&s| live(s)).map(|s| s as usize)
         });
         let mut tally = AckTally::new(idx.len());
         let (mut answered, mut lost_table) = (0usize, 0usize);
         let mut skipped = Vec::new();
         for &p in &busy {
-            for s in map.write_replicas(p).into_iter().filter(|&s| !live(s)) {
+            for s in map.primary(p).into_iter().filter(|&s| !live(s)) {
                 let why = format!("{} is down (failed recently)", topo.pools[s as usize].addr);
                 for &j in by_part.row(p as usize) {
                     tally.unanswered(j, || why.clone());
@@ -265,7 +264,10 @@ impl Client {
                     Response::Error(e)
                         if matches!(
                             e.status,
-                            Status::OutOfMemory | Status::Internal | Status::TooLarge
+                            Status::OutOfMemory
+                                | Status::Internal
+                                | Status::TooLarge
+                                | Status::Indeterminate
                         ) =>
                     {
                         // The whole frame was refused: every key in it failed at this replica.
@@ -290,6 +292,12 @@ impl Client {
                         }
                         Ok(Handled::Ok)
                     }
+                    // The primary is still copying some of these partitions in and takes no
+                    // merge into them yet: nothing was done, so the chunk goes again shortly.
+                    Response::Error(e) if e.status == Status::Repairing => Err(OpError::Stale(
+                        s,
+                        format!("{addr}: {} {}", e.status.name(), e.message),
+                    )),
                     Response::Error(e) => Err(refusal(s, addr, table, version, e)),
                     other => Ok(Handled::Failed(unexpected(addr, &other))),
                 }
@@ -316,16 +324,8 @@ impl Client {
                 }
             }
         }
-        let ack = self.inner.ack;
-        // During a move every copy must take the write whatever `ack` says: a new holder that
-        // missed it would serve without it once the move completes.
-        let failures = tally.failures(|j| {
-            if map.is_moving() {
-                map.write_replicas(parts[j]).len()
-            } else {
-                ack.required(map.replicas(parts[j]).len())
-            }
-        });
+        // The primary's answer stands for every replica (it answers once all applied the write).
+        let failures = tally.failures(|_| 1);
         outcome
             .failures
             .extend(failures.into_iter().map(|(j, why)| (idx[j] as usize, why)));
@@ -371,43 +371,5 @@ impl WriteOutcome {
             return Err(Error::Batch { failures });
         }
         Ok(self.deleted)
-    }
-}
-
-/// A few replica indices without a heap allocation for the common replication factors.
-type SmallVec = ArrayVec4;
-
-/// Up to 4 inline, then the heap.
-#[derive(Default)]
-struct ArrayVec4 {
-    inline: [usize; 4],
-    len: usize,
-    spill: Vec<usize>,
-}
-
-impl FromIterator<usize> for ArrayVec4 {
-    fn from_iter<I: IntoIterator<Item = usize>>(iter: I) -> Self {
-        let mut v = ArrayVec4::default();
-        for x in iter {
-            if v.len < 4 {
-                v.inline[v.len] = x;
-            } else {
-                v.spill.push(x);
-            }
-            v.len += 1;
-        }
-        v
-    }
-}
-
-impl IntoIterator for ArrayVec4 {
-    type Item = usize;
-    type IntoIter = std::iter::Chain<
-        std::iter::Take<std::array::IntoIter<usize, 4>>,
-        std::vec::IntoIter<usize>,
-    >;
-    fn into_iter(self) -> Self::IntoIter {
-        let n = self.len.min(4);
-        self.inline.into_iter().take(n).chain(self.spill)
     }
 }

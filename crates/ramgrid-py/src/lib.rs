@@ -20,8 +20,8 @@ use pyo3::exceptions::{PyKeyboardInterrupt, PyOSError, PyTypeError, PyValueError
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use ramgrid_client::{
-    parse_type, type_name, Ack, Client as RustClient, ClientConfig, Durability, Merge, MoveReport,
-    TableDescription, ValueType, Values, ValuesRef,
+    parse_type, type_name, Ack, Client as RustClient, ClientConfig, Consistency, Durability, Merge,
+    MoveReport, TableDescription, ValueType, Values, ValuesRef,
 };
 
 use errors::chunked_to_py;
@@ -124,7 +124,7 @@ impl Client {
         reason = "mirrors the Python constructor's keyword arguments"
     )]
     #[new]
-    #[pyo3(signature = (servers, token=None, timeout_ms=5000, connect_timeout_ms=1000, ack="all", near_cache_bytes=0, pool_size=4, call_timeout_ms=30000, tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None))]
+    #[pyo3(signature = (servers, token=None, timeout_ms=5000, connect_timeout_ms=1000, ack="all", near_cache_bytes=0, pool_size=4, call_timeout_ms=30000, tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None, consistency="linearizable"))]
     fn new(
         py: Python<'_>,
         servers: Vec<String>,
@@ -139,6 +139,7 @@ impl Client {
         tls_cert: Option<std::path::PathBuf>,
         tls_key: Option<std::path::PathBuf>,
         tls_server_name: Option<String>,
+        consistency: &str,
     ) -> PyResult<Client> {
         let mut cfg = ClientConfig::new(servers);
         cfg.token = token;
@@ -154,6 +155,9 @@ impl Client {
         cfg.call_timeout = Duration::from_millis(call_timeout_ms.max(1));
         cfg.connect_timeout = Duration::from_millis(connect_timeout_ms.max(1));
         cfg.ack = ack.parse::<Ack>().map_err(|e| to_py(py, e))?;
+        cfg.consistency = consistency
+            .parse::<Consistency>()
+            .map_err(|e| to_py(py, e))?;
         cfg.near_cache_bytes = near_cache_bytes;
         cfg.pool_size = pool_size;
         cfg.client_name = format!(

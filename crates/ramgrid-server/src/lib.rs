@@ -21,6 +21,7 @@ pub mod node;
 pub mod peer;
 pub mod persist;
 pub mod repair;
+pub mod replicate;
 pub mod run;
 pub mod server;
 pub mod shm;

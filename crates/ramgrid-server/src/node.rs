@@ -36,4 +36,6 @@ pub struct Node {
     pub meta: OnceLock<Arc<crate::meta::Meta>>,
     /// Where METRICS finds the server-wide counters (metrics.rs).
     pub metrics: crate::metrics::Hook,
+    /// The partitions' order locks and the forwarding of writes to backups (replicate.rs).
+    pub replication: crate::replicate::Replication,
 }

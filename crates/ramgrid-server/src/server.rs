@@ -178,6 +178,11 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         exports: Default::default(),
         meta: Default::default(),
         metrics: Default::default(),
+        replication: crate::replicate::Replication::new(
+            Duration::from_millis(config.failure_timeout_ms.max(1000)),
+            config.token.clone(),
+            tls.clone(),
+        ),
     });
     node.metrics.set(shared.clone());
     let meta = crate::meta::start(

@@ -68,6 +68,32 @@ impl<'a> KeyBatch<'a> {
         out.extend_from_slice(self.groups.raw);
         Ok(())
     }
+
+    /// Appends this batch as a DELETE a partition's primary forwards to a backup (section 7.5 of
+    /// the spec): flag [`FLAG_REPLICA`](super::FLAG_REPLICA), the primary's `epoch`, and only the
+    /// `groups` given (a subset of this batch's, in its order).
+    pub fn encode_replica<'g>(
+        &self,
+        out: &mut Vec<u8>,
+        request_id: u64,
+        epoch: u64,
+        groups: impl IntoIterator<Item = &'g KeyGroup<'g>>,
+    ) -> Result<(), FrameError> {
+        let p = Pending::begin(out, Opcode::Delete, super::FLAG_REPLICA, request_id);
+        wire::put_name(p.out, self.table, "table name")?;
+        put_u32(p.out, self.version);
+        put_u64(p.out, epoch);
+        put_u64(p.out, self.incarnation);
+        let count_at = p.out.len();
+        put_u32(p.out, 0);
+        let mut count = 0u32;
+        for g in groups {
+            p.out.extend_from_slice(g.raw);
+            count += 1;
+        }
+        patch_u32(p.out, count_at, count);
+        p.finish()
+    }
 }
 
 /// The validated groups of a [`KeyBatch`].
@@ -155,6 +181,8 @@ pub struct KeyGroup<'a> {
     pub partition: u32,
     /// The keys, in request order.
     pub keys: Keys<'a>,
+    /// The group as it is on the wire (partition, key count, keys), for forwarding it whole.
+    pub raw: &'a [u8],
 }
 
 /// Iterator over the groups of a [`KeyBatch`].
@@ -172,9 +200,15 @@ impl<'a> Iterator for KeyGroupIter<'a> {
         }
         self.left -= 1;
         // Validated at decode time; an error here would mean a codec bug, and ends the iteration.
+        let start = self.r.pos();
         let partition = self.r.u32("partition").ok()?;
         let keys = read_keys(&mut self.r).ok()?;
-        Some(KeyGroup { partition, keys })
+        let raw = self.r.slice(start, self.r.pos());
+        Some(KeyGroup {
+            partition,
+            keys,
+            raw,
+        })
     }
 }
 

@@ -12,7 +12,12 @@ pub const PROTOCOL_VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 16;
 /// Flag bit set on every response frame (a response carries its request's opcode and id).
 pub const FLAG_RESPONSE: u8 = 0x01;
-const KNOWN_FLAGS: u8 = FLAG_RESPONSE;
+/// Flag bit on a PUT or DELETE that a partition's primary forwards to the partition's other
+/// replicas, in the order it chose (spec section 7.5): the receiver applies it as it is and
+/// forwards nothing. A PUT or DELETE without it comes from a client and is taken only by the
+/// primary of every partition in it.
+pub const FLAG_REPLICA: u8 = 0x02;
+const KNOWN_FLAGS: u8 = FLAG_RESPONSE | FLAG_REPLICA;
 
 /// Whether a connection whose first byte is `first` speaks the native protocol.
 pub fn is_native_first_byte(first: u8) -> bool {
@@ -140,7 +145,7 @@ impl Opcode {
 pub struct Frame<'a> {
     /// What the frame asks for (or, in a response, what it answers).
     pub opcode: Opcode,
-    /// Header flags; only [`FLAG_RESPONSE`] is defined.
+    /// Header flags: [`FLAG_RESPONSE`], [`FLAG_REPLICA`].
     pub flags: u8,
     /// Chosen by the client, echoed by the server, so many requests can be in flight.
     pub request_id: u64,

@@ -128,6 +128,36 @@ impl<'a> Put<'a> {
         self.groups.iter().flat_map(|g| g.keys.zip(g.values))
     }
 
+    /// Appends this PUT as a partition's primary forwards it to a backup (section 7.5 of the
+    /// spec): flag [`FLAG_REPLICA`](super::FLAG_REPLICA), the primary's `epoch`, and only the
+    /// `groups` given (a subset of this PUT's, in its order), with the same merge.
+    pub fn encode_replica<'g>(
+        &self,
+        out: &mut Vec<u8>,
+        request_id: u64,
+        epoch: u64,
+        groups: impl IntoIterator<Item = &'g PutGroup<'g>>,
+    ) -> Result<(), FrameError> {
+        let p = Pending::begin(out, Opcode::Put, super::FLAG_REPLICA, request_id);
+        wire::put_name(p.out, self.table, "table name")?;
+        put_u32(p.out, self.version);
+        put_u64(p.out, epoch);
+        put_u64(p.out, self.incarnation);
+        wire::put_value_type(p.out, self.value_type)?;
+        let count_at = p.out.len();
+        put_u32(p.out, 0);
+        let mut count = 0u32;
+        for g in groups {
+            p.out.extend_from_slice(g.raw);
+            count += 1;
+        }
+        patch_u32(p.out, count_at, count);
+        if self.merge != Merge::Store {
+            put_u8(p.out, self.merge as u8);
+        }
+        p.finish()
+    }
+
     pub(crate) fn write_body(&self, out: &mut Vec<u8>) -> Result<(), FrameError> {
         wire::put_name(out, self.table, "table name")?;
         put_u32(out, self.version);
@@ -216,6 +246,8 @@ pub struct PutGroup<'a> {
     pub keys: Keys<'a>,
     /// One value per key, in the same order.
     pub values: Values<'a>,
+    /// The group as it is on the wire (partition, keys, values), for forwarding it whole.
+    pub raw: &'a [u8],
 }
 
 /// Iterator over the groups of a [`Put`].
@@ -233,13 +265,16 @@ impl<'a> Iterator for PutGroupIter<'a> {
             return None;
         }
         self.left -= 1;
+        let start = self.r.pos();
         let partition = self.r.u32("partition").ok()?;
         let keys = read_keys(&mut self.r).ok()?;
         let values = read_values(&mut self.r, self.value_type, keys.left).ok()?;
+        let raw = self.r.slice(start, self.r.pos());
         Some(PutGroup {
             partition,
             keys,
             values,
+            raw,
         })
     }
 }

@@ -54,11 +54,16 @@ pub enum Status {
     /// reached it within its lease): it takes no write and serves no read, so that nothing is
     /// done under an assignment the majority may have changed. Go to another replica.
     NoQuorum = 17,
+    /// A write the partition's primary ordered could not be completed on every replica in time
+    /// (a replica neither answered nor was failed over, or the assignment changed meanwhile): it
+    /// may have been applied at some replicas. Nothing reads it from a replica that lacks it while
+    /// the primary holds it; a retry stores a value again, and counts a merge again.
+    Indeterminate = 18,
 }
 
 impl Status {
     /// Every status, in wire order.
-    pub const ALL: [Status; 18] = [
+    pub const ALL: [Status; 19] = [
         Status::Ok,
         Status::WrongEpoch,
         Status::NotOwner,
@@ -77,6 +82,7 @@ impl Status {
         Status::UnsupportedProtocol,
         Status::Repairing,
         Status::NoQuorum,
+        Status::Indeterminate,
     ];
 
     /// The status for a wire byte.
@@ -105,6 +111,7 @@ impl Status {
             Status::UnsupportedProtocol => "UNSUPPORTED_PROTOCOL",
             Status::Repairing => "REPAIRING",
             Status::NoQuorum => "NO_QUORUM",
+            Status::Indeterminate => "INDETERMINATE",
         }
     }
 

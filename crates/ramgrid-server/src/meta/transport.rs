@@ -89,7 +89,7 @@ impl Conn {
         let hello = Request::Hello(Hello {
             protocol_version: PROTOCOL_VERSION,
             token: token.unwrap_or("").as_bytes(),
-            client_name: "ramgrid-server meta",
+            client_name: "ramgrid-server peer",
         });
         conn.call(&hello, deadline, |r| match r {
             Response::Hello(_) => Ok(()),
@@ -122,11 +122,25 @@ impl Conn {
         deadline: Instant,
         take: impl FnOnce(Response<'_>) -> Result<T, String>,
     ) -> Result<T, CallError> {
-        let id = self.next_id;
-        self.next_id += 1;
+        let encode = |out: &mut Vec<u8>, id: u64| req.encode(out, id).map_err(|e| e.to_string());
+        self.call_with(None, encode, deadline, take).await
+    }
+
+    /// Sends the frame `encode` appends for a request id (`id`, or the connection's next one),
+    /// and hands its decoded reply to `take`.
+    async fn call_with<T>(
+        &mut self,
+        id: Option<u64>,
+        encode: impl FnOnce(&mut Vec<u8>, u64) -> Result<(), String>,
+        deadline: Instant,
+        take: impl FnOnce(Response<'_>) -> Result<T, String>,
+    ) -> Result<T, CallError> {
+        let id = id.unwrap_or_else(|| {
+            self.next_id += 1;
+            self.next_id - 1
+        });
         let mut out = Vec::new();
-        req.encode(&mut out, id)
-            .map_err(|e| CallError::Failed(format!("cannot encode: {e}")))?;
+        encode(&mut out, id).map_err(|e| CallError::Failed(format!("cannot encode: {e}")))?;
         let io = |e: std::io::Error| CallError::Failed(e.to_string());
         let write = async {
             self.sock.write_all(&out).await?;
@@ -188,6 +202,20 @@ impl Pool {
         deadline: Instant,
         take: impl FnOnce(Response<'_>) -> Result<T, String>,
     ) -> Result<T, CallError> {
+        let encode = |out: &mut Vec<u8>, id: u64| req.encode(out, id).map_err(|e| e.to_string());
+        self.call_with(addr, None, encode, deadline, take).await
+    }
+
+    /// One request to `addr` whose frame `encode` appends for a request id (`id`, or the
+    /// connection's next one), ending by `deadline`.
+    pub async fn call_with<T>(
+        &self,
+        addr: &str,
+        id: Option<u64>,
+        encode: impl FnOnce(&mut Vec<u8>, u64) -> Result<(), String>,
+        deadline: Instant,
+        take: impl FnOnce(Response<'_>) -> Result<T, String>,
+    ) -> Result<T, CallError> {
         let pooled = self
             .idle
             .lock()
@@ -200,7 +228,7 @@ impl Pool {
             Some(c) => c,
             None => Conn::open(addr, self.token.as_deref(), self.tls.as_deref(), deadline).await?,
         };
-        let r = conn.call(req, deadline, take).await;
+        let r = conn.call_with(id, encode, deadline, take).await;
         if r.is_ok() {
             let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
             let list = idle.entry(addr.to_owned()).or_default();

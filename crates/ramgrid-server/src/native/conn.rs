@@ -78,8 +78,26 @@ pub async fn serve(
                         }
                         None => None,
                     };
+                    let write = matches!(req, Request::Put(_) | Request::Delete(_)) && conn.authed;
+                    let forwarded = frame.flags & wire::FLAG_REPLICA != 0;
                     let mut refused = match answered {
                         Some(refused) => refused,
+                        // A client's write is ordered by the partitions' primary (primary.rs);
+                        // a primary's forward is applied once, as it comes (backup.rs).
+                        None if write && !forwarded => {
+                            conn.primary_write(
+                                state,
+                                frame.opcode,
+                                frame.request_id,
+                                &req,
+                                &mut out,
+                            )
+                            .await
+                        }
+                        None if write => {
+                            let (op, id) = (frame.opcode, frame.request_id);
+                            conn.backup_write(state, op, id, &req, &mut out, room).await
+                        }
                         None => {
                             conn.handle(state, frame.opcode, frame.request_id, &req, &mut out, room)
                         }

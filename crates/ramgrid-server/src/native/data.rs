@@ -109,70 +109,107 @@ impl Conn {
                 let cluster = state.cluster.read();
                 check_epoch(&cluster, p.epoch, true)?;
                 state.check_quorum()?;
-                let tv = writable(
-                    state,
-                    p.table,
-                    p.version,
-                    p.incarnation,
-                    p.groups.iter().map(|g| g.partition),
-                )?;
-                let vt = tv.value_type();
-                let type_ok = store_value_type(p.value_type) == vt;
-                let (log, mut ticket) = (state.log_of(&tv)?, 0);
-                let merge = merge_op(p.merge, vt, log.is_some())?;
-                self.status.clear();
-                for g in p.groups.iter() {
-                    if !type_ok {
-                        self.status.extend(std::iter::repeat_n(
-                            StoreKeyStatus::WrongType as u8,
-                            g.keys.len(),
-                        ));
-                        continue;
-                    }
-                    let items = g.keys.zip(g.values).map(|(k, v)| (k, value_ref(vt, v)));
-                    match merge {
-                        Some(op) => {
-                            tv.merge_batch_then(g.partition, items, op, &mut self.status, |_| ())
-                        }
-                        None => tv.put_batch_then(g.partition, items, &mut self.status, |st| {
-                            if let Some(log) = &log {
-                                ticket =
-                                    log.append(g.partition, wal_puts(g.keys.zip(g.values), st));
-                            }
-                        }),
-                    }
-                    .map_err(|e| refusal(&e))?;
-                }
-                self.commit = log.map(|log| (log, ticket));
+                self.apply_put(state, p)?;
                 self.write_statuses(out, Opcode::Put, id)
             }
             Request::Delete(b) => {
                 let cluster = state.cluster.read();
                 check_epoch(&cluster, b.epoch, true)?;
                 state.check_quorum()?;
-                let tv = writable(
-                    state,
-                    b.table,
-                    b.version,
-                    b.incarnation,
-                    b.groups.iter().map(|g| g.partition),
-                )?;
-                let (log, mut ticket) = (state.log_of(&tv)?, 0);
-                self.status.clear();
-                for g in b.groups.iter() {
-                    tv.delete_batch_then(g.partition, g.keys, &mut self.status, |st| {
-                        if let Some(log) = &log {
-                            ticket = log.append(g.partition, wal_deletes(g.keys, st));
-                        }
-                    })
-                    .map_err(|e| refusal(&e))?;
-                }
-                self.commit = log.map(|log| (log, ticket));
+                self.apply_delete(state, b)?;
                 self.write_statuses(out, Opcode::Delete, id)
             }
             _ => unreachable!("the handler sends only data requests here"),
         }
     }
+}
+
+impl Conn {
+    /// Applies a PUT here, after checking the table, its version and that this server holds
+    /// every partition of it: the per-key statuses are left in `self.status`, the log commit to
+    /// wait for in `self.commit`. The caller checked the epoch and holds the cluster lock.
+    pub(super) fn apply_put(&mut self, state: &Node, p: &wire::Put<'_>) -> Result<(), ErrorReply> {
+        let tv = writable(
+            state,
+            p.table,
+            p.version,
+            p.incarnation,
+            p.groups.iter().map(|g| g.partition),
+        )?;
+        let vt = tv.value_type();
+        let type_ok = store_value_type(p.value_type) == vt;
+        let (log, mut ticket) = (state.log_of(&tv)?, 0);
+        let merge = merge_op(p.merge, vt, log.is_some())?;
+        if merge.is_some() {
+            check_mergeable(&tv, p.groups.iter().map(|g| g.partition))?;
+        }
+        self.status.clear();
+        for g in p.groups.iter() {
+            if !type_ok {
+                self.status.extend(std::iter::repeat_n(
+                    StoreKeyStatus::WrongType as u8,
+                    g.keys.len(),
+                ));
+                continue;
+            }
+            let items = g.keys.zip(g.values).map(|(k, v)| (k, value_ref(vt, v)));
+            match merge {
+                Some(op) => tv.merge_batch_then(g.partition, items, op, &mut self.status, |_| ()),
+                None => tv.put_batch_then(g.partition, items, &mut self.status, |st| {
+                    if let Some(log) = &log {
+                        ticket = log.append(g.partition, wal_puts(g.keys.zip(g.values), st));
+                    }
+                }),
+            }
+            .map_err(|e| refusal(&e))?;
+        }
+        self.commit = log.map(|log| (log, ticket));
+        Ok(())
+    }
+
+    /// Applies a DELETE here, as [`Conn::apply_put`] does a PUT.
+    pub(super) fn apply_delete(
+        &mut self,
+        state: &Node,
+        b: &wire::KeyBatch<'_>,
+    ) -> Result<(), ErrorReply> {
+        let tv = writable(
+            state,
+            b.table,
+            b.version,
+            b.incarnation,
+            b.groups.iter().map(|g| g.partition),
+        )?;
+        let (log, mut ticket) = (state.log_of(&tv)?, 0);
+        self.status.clear();
+        for g in b.groups.iter() {
+            tv.delete_batch_then(g.partition, g.keys, &mut self.status, |st| {
+                if let Some(log) = &log {
+                    ticket = log.append(g.partition, wal_deletes(g.keys, st));
+                }
+            })
+            .map_err(|e| refusal(&e))?;
+        }
+        self.commit = log.map(|log| (log, ticket));
+        Ok(())
+    }
+}
+
+/// Refuses with REPAIRING a merge into partitions this server is still copying in: a merge adds
+/// to the value there, and until the copy is in that value is not the partition's. The primary
+/// tries again until the copy is done (it copies from the primary, which applies a write last, so
+/// the copy holds every merge completed before it and none after).
+pub(super) fn check_mergeable(
+    tv: &TableVersion,
+    partitions: impl Iterator<Item = u32>,
+) -> Result<(), ErrorReply> {
+    check_copied(tv, partitions).map_err(|e| ErrorReply {
+        message: format!(
+            "{}: a merge waits until these partitions are copied in",
+            e.message
+        ),
+        ..e
+    })
 }
 
 /// The store's merge for a PUT's merge byte: None for a plain store. A merge is refused whole
@@ -209,7 +246,7 @@ fn merge_op(
 
 /// The version a PUT or DELETE writes: resolved once, refused if sealed or if any of the request's
 /// partitions is not held here, before any key is touched.
-fn writable(
+pub(super) fn writable(
     state: &Node,
     table: &str,
     version: u32,

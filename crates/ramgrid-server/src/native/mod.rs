@@ -13,7 +13,9 @@
 //! Layout: `conn.rs` is the connection loop (frames in, replies out, buffer budget), `handler.rs`
 //! the per-connection state and the dispatch of one request, then one file per family of requests:
 //! `tables.rs` (catalog and versions), `cluster.rs` (spec, status, export, metrics), `data.rs`
-//! (GET, PUT, DELETE), `ops.rs` (OPERATOR: operators run at the data, exact or refused), `scan.rs` (SCAN: pages of a
+//! (GET, PUT, DELETE), `primary.rs` (a client's PUT or DELETE taken by the partitions' primary,
+//! forwarded to the other replicas in one order: `crate::replicate`), `backup.rs` (a primary's
+//! forward, applied once), `ops.rs` (OPERATOR: operators run at the data, exact or refused), `scan.rs` (SCAN: pages of a
 //! plain or filtered scan, one moment per partition);
 //! `checks.rs` holds the refusals every data request makes before it touches a key. The state
 //! served is the node's (`crate::node::Node`); the mapping between the store's types and the
@@ -21,12 +23,14 @@
 
 use ramgrid_proto::native::HEADER_LEN;
 
+mod backup;
 mod checks;
 mod cluster;
 mod conn;
 mod data;
 mod handler;
 mod ops;
+mod primary;
 mod scan;
 mod tables;
 
