@@ -18,7 +18,7 @@
 //!    the caller sees it (a write reports the keys as not acknowledged by that replica).
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ramgrid_proto::native::{Opcode, Request, Response};
 
@@ -79,6 +79,19 @@ impl Inner {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
                 (cur == 0 || mb < cur).then_some(mb)
             });
+    }
+}
+
+/// How long a write's primary may take at least: it answers once every replica applied the write,
+/// and a silent replica holds it until the control plane fails that replica over (5 s by default,
+/// then the spec change). Still capped by the call's deadline.
+const WRITE_REPLY_WAIT: Duration = Duration::from_secs(15);
+
+/// How long to wait for the reply to an `op` frame, for a request timeout of `timeout`.
+fn reply_wait(op: Opcode, timeout: Duration) -> Duration {
+    match op {
+        Opcode::Put | Opcode::Delete => timeout.max(WRITE_REPLY_WAIT),
+        _ => timeout,
     }
 }
 
@@ -200,7 +213,7 @@ impl Client {
             let mut buf = std::mem::take(&mut conn.wbuf);
             buf.clear();
             encode(s, &mut buf, id)?;
-            let deadline = deadline::after(self.inner.settings.timeout);
+            let deadline = deadline::after(reply_wait(op, self.inner.settings.timeout));
             let sent = conn.send(&pool.addr, &buf, id, op, deadline);
             // Keep a connection's buffer for its next frame, unless one huge batch made it huge.
             if buf.capacity() <= 4 * CHUNK_BODY / 16 {

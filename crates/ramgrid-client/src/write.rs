@@ -6,11 +6,19 @@ use ramgrid_proto::native::{
     KeyBatchWriter, KeyStatus, Merge, Opcode, PutWriter, Response, Status, ValueType, MAX_KEY_LEN,
 };
 
+use std::time::{Duration, Instant};
+
 use crate::client::{encode_err, refusal, unexpected, Client, Handled, OpError};
+use crate::deadline;
 use crate::error::{Error, Result};
 use crate::keys::Keys;
 use crate::plan::{AckTally, Groups};
 use crate::values::ValuesRef;
+
+/// How long a write waits for a down primary to be failed over (or to come back) before its keys
+/// fail: past a server's default failure timeout (5 s) and the spec change after it. Capped by the
+/// call's deadline.
+const PRIMARY_WAIT: Duration = Duration::from_secs(10);
 
 impl Client {
     /// Writes `values` for `keys` into `table` at `version` (0 = current; a sealed version refuses).
@@ -95,22 +103,45 @@ impl Client {
             .collect();
         for chunk in self.chunks(&all, cost) {
             let mut attempt = 0;
+            let mut todo = chunk.to_vec();
+            // Keys whose primary is down wait (unsent) for its fail-over or its return.
+            let wait_until = deadline::after(PRIMARY_WAIT);
+            let mut pause = Duration::from_millis(50);
             loop {
-                match self.write_chunk(table, keys, values, chunk, version, &mut outcome) {
-                    Ok(()) => break,
+                let patient = Instant::now() + pause < wait_until;
+                let r =
+                    self.write_chunk(table, keys, values, &todo, version, &mut outcome, patient);
+                match r {
+                    Ok(again) if again.keys.is_empty() => break,
+                    Ok(again) => {
+                        todo = again.keys;
+                        match again.stale {
+                            // Refused whole by some primaries (nothing done there): the spec
+                            // moved on, or a merge waits for a copy in progress.
+                            Some((s, why)) => {
+                                if attempt >= self.inner.spec_retries {
+                                    return Err(Error::StaleSpec(why));
+                                }
+                                attempt += 1;
+                                crate::client::stale_backoff(attempt);
+                                self.on_stale(&self.topology(), s, table)?;
+                                if self.table_meta(table)?.value_type != value_type {
+                                    return Err(Error::Protocol {
+                                        server: String::new(),
+                                        message: format!("table {table} changed its value type"),
+                                    });
+                                }
+                            }
+                            None => {
+                                std::thread::sleep(pause);
+                                pause = (pause * 2).min(Duration::from_millis(500));
+                                // A fail-over names another primary in a new spec.
+                                let _ = self.refresh_spec();
+                            }
+                        }
+                    }
                     Err(OpError::Stale(s, why)) => {
-                        if attempt >= self.inner.spec_retries {
-                            return Err(Error::StaleSpec(why));
-                        }
-                        attempt += 1;
-                        crate::client::stale_backoff(attempt);
-                        self.on_stale(&self.topology(), s, table)?;
-                        if self.table_meta(table)?.value_type != value_type {
-                            return Err(Error::Protocol {
-                                server: String::new(),
-                                message: format!("table {table} changed its value type"),
-                            });
-                        }
+                        return Err(Error::StaleSpec(format!("{why} (server {s})")));
                     }
                     Err(OpError::Fatal(e)) => {
                         if matches!(e, Error::TableNotFound(_)) {
@@ -127,7 +158,11 @@ impl Client {
     }
 
     /// One round of a PUT (values given) or DELETE to the primaries of the keys `idx`; adds to
-    /// `outcome` only once the round is over (a stale refusal leaves it untouched for the retry).
+    /// `outcome` what the primaries that took their frames answered. Returned to be sent again:
+    /// the keys of frames refused whole as stale (WRONG_EPOCH, NOT_OWNER; REPAIRING for a merge),
+    /// which did nothing, and with `patient` the keys whose primary is down (not sent; without
+    /// `patient` they fail). Never sent again: keys of a frame that was written and then failed.
+    #[expect(clippy::too_many_arguments)]
     fn write_chunk(
         &self,
         table: &str,
@@ -136,7 +171,8 @@ impl Client {
         idx: &[u32],
         version: u32,
         outcome: &mut WriteOutcome,
-    ) -> std::result::Result<(), OpError> {
+        patient: bool,
+    ) -> std::result::Result<Again, OpError> {
         let topo = self.topology();
         let meta = self.table_meta(table)?;
         let map = topo.map(&meta);
@@ -157,8 +193,15 @@ impl Client {
         let mut tally = AckTally::new(idx.len());
         let (mut answered, mut lost_table) = (0usize, 0usize);
         let mut skipped = Vec::new();
+        let mut waiting = Vec::new();
+        let mut wait_parts = std::collections::BTreeSet::new();
         for &p in &busy {
             for s in map.primary(p).into_iter().filter(|&s| !live(s)) {
+                if patient {
+                    waiting.extend(by_part.row(p as usize).iter().map(|&j| idx[j as usize]));
+                    wait_parts.insert(p);
+                    continue;
+                }
                 let why = format!("{} is down (failed recently)", topo.pools[s as usize].addr);
                 for &j in by_part.row(p as usize) {
                     tally.unanswered(j, || why.clone());
@@ -167,6 +210,9 @@ impl Client {
             }
         }
         let mut deleted = vec![false; if values.is_none() { idx.len() } else { 0 }];
+        // Servers whose frame was refused whole as stale, and the first such refusal.
+        let mut stale_rows: Vec<usize> = Vec::new();
+        let mut stale: Option<(usize, String)> = None;
         let vt = meta.value_type;
         let dim = match vt {
             ValueType::F32Vec(d) => d as usize,
@@ -292,12 +338,23 @@ impl Client {
                         }
                         Ok(Handled::Ok)
                     }
-                    // The primary is still copying some of these partitions in and takes no
-                    // merge into them yet: nothing was done, so the chunk goes again shortly.
-                    Response::Error(e) if e.status == Status::Repairing => Err(OpError::Stale(
-                        s,
-                        format!("{addr}: {} {}", e.status.name(), e.message),
-                    )),
+                    // Refused whole, nothing done: the spec moved on (WRONG_EPOCH, NOT_OWNER), or
+                    // the primary is still copying some of these partitions in and takes no merge
+                    // into them yet (REPAIRING). Its keys go again after a refresh; the frames
+                    // other primaries took stand.
+                    Response::Error(e)
+                        if matches!(
+                            e.status,
+                            Status::WrongEpoch | Status::NotOwner | Status::Repairing
+                        ) =>
+                    {
+                        answered += 1;
+                        stale_rows.push(s);
+                        if stale.is_none() {
+                            stale = Some((s, format!("{addr}: {} {}", e.status.name(), e.message)));
+                        }
+                        Ok(Handled::Ok)
+                    }
                     Response::Error(e) => Err(refusal(s, addr, table, version, e)),
                     other => Ok(Handled::Failed(unexpected(addr, &other))),
                 }
@@ -317,6 +374,15 @@ impl Client {
         }
         outcome.detail.extend(skipped);
         for (s, e) in &failed {
+            if patient && matches!(e, Error::Connect { .. }) {
+                // Not connected, so nothing was sent: a primary that just died waits, as one
+                // already marked down does.
+                for &p in per_server.row(*s) {
+                    wait_parts.insert(p);
+                    waiting.extend(by_part.row(p as usize).iter().map(|&j| idx[j as usize]));
+                }
+                continue;
+            }
             outcome.detail.push(format!("{}: {e}", topo.pools[*s].addr));
             for &p in per_server.row(*s) {
                 for &j in by_part.row(p as usize) {
@@ -325,16 +391,39 @@ impl Client {
             }
         }
         // The primary's answer stands for every replica (it answers once all applied the write).
+        for &s in &stale_rows {
+            for &p in per_server.row(s) {
+                wait_parts.insert(p);
+                waiting.extend(by_part.row(p as usize).iter().map(|&j| idx[j as usize]));
+            }
+        }
         let failures = tally.failures(|_| 1);
-        outcome
-            .failures
-            .extend(failures.into_iter().map(|(j, why)| (idx[j] as usize, why)));
-        outcome
-            .unreachable
-            .extend(busy.iter().copied().filter(|&p| !reached[p as usize]));
+        outcome.failures.extend(
+            failures
+                .into_iter()
+                .filter(|&(j, _)| !wait_parts.contains(&parts[j]))
+                .map(|(j, why)| (idx[j] as usize, why)),
+        );
+        outcome.unreachable.extend(
+            busy.iter()
+                .copied()
+                .filter(|&p| !reached[p as usize] && !wait_parts.contains(&p)),
+        );
         outcome.deleted += deleted.iter().filter(|&&d| d).count();
-        Ok(())
+        waiting.sort_unstable();
+        Ok(Again {
+            keys: waiting,
+            stale,
+        })
     }
+}
+
+/// What a round of a write leaves to send again (see `Client::write_chunk`).
+struct Again {
+    /// Batch indices of the keys to send again.
+    keys: Vec<u32>,
+    /// A stale refusal among them: (server, why); the spec is refreshed first.
+    stale: Option<(usize, String)>,
 }
 
 /// What a write did, summed over its chunks.

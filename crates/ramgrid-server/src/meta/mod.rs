@@ -468,6 +468,11 @@ impl Meta {
             .synced()
     }
 
+    /// Whether this server is in a metadata group (one that fails silent servers over).
+    pub fn in_group(&self) -> bool {
+        self.member.load(Ordering::Acquire)
+    }
+
     fn is_member(&self) -> bool {
         let s = self.node.status();
         s.members.contains_key(&s.id)

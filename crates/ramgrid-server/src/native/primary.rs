@@ -10,6 +10,7 @@ use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::pin::Pin;
 use std::task::Poll;
+use std::time::Duration;
 
 use ramgrid_proto::cluster::PartitionMap;
 use ramgrid_proto::native::{
@@ -23,6 +24,9 @@ use super::data::{check_mergeable, writable};
 use super::handler::Conn;
 use crate::node::Node;
 use crate::replicate::RETRY_PAUSE;
+
+/// How long a primary outside any metadata group tries a silent replica.
+const ALONE_PATIENCE: Duration = Duration::from_secs(1);
 
 /// A client write: a PUT or a DELETE, with its groups.
 enum Write<'r, 'a> {
@@ -196,7 +200,14 @@ impl Conn {
         let mut refused: Vec<Option<u8>> = vec![None; keys];
         let mut applied: HashSet<(usize, String)> = HashSet::new();
         let mut trouble: BTreeMap<String, String> = BTreeMap::new();
-        let give_up = Instant::now() + repl.patience;
+        // Without a metadata group nothing fails a silent replica over: waiting would not help.
+        let in_group = state.meta.get().is_some_and(|m| m.in_group());
+        let patience = if in_group {
+            repl.patience
+        } else {
+            ALONE_PATIENCE
+        };
+        let give_up = Instant::now() + patience;
         let write_id = repl.write_id();
         let complete = loop {
             // Who must still apply it, under the spec installed now: a replica failed over since
@@ -286,7 +297,7 @@ impl Conn {
                 Status::Indeterminate,
                 format!(
                     "the write was ordered but not completed on every replica in {} ms, so it may have been applied at some: {}",
-                    repl.patience.as_millis(),
+                    patience.as_millis(),
                     why.join("; ")
                 ),
             ));
