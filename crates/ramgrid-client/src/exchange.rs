@@ -84,8 +84,8 @@ impl Inner {
 
 /// How long a write's primary may take at least: it answers once every replica applied the write,
 /// and a silent replica holds it until the control plane fails that replica over (5 s by default,
-/// then the spec change). Still capped by the call's deadline.
-const WRITE_REPLY_WAIT: Duration = Duration::from_secs(15);
+/// then the spec change; an election first when it was the leader). Capped by the call's deadline.
+const WRITE_REPLY_WAIT: Duration = Duration::from_secs(20);
 
 /// How long to wait for the reply to an `op` frame, for a request timeout of `timeout`.
 fn reply_wait(op: Opcode, timeout: Duration) -> Duration {

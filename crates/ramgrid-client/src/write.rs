@@ -16,9 +16,9 @@ use crate::plan::{AckTally, Groups};
 use crate::values::ValuesRef;
 
 /// How long a write waits for a down primary to be failed over (or to come back) before its keys
-/// fail: past a server's default failure timeout (5 s) and the spec change after it. Capped by the
-/// call's deadline.
-const PRIMARY_WAIT: Duration = Duration::from_secs(10);
+/// fail: past a server's default failure timeout (5 s) and the spec change after it, even when the
+/// dead server was the group's leader (an election first). Capped by the call's deadline.
+const PRIMARY_WAIT: Duration = Duration::from_secs(20);
 
 impl Client {
     /// Writes `values` for `keys` into `table` at `version` (0 = current; a sealed version refuses).
@@ -213,6 +213,7 @@ impl Client {
         // Servers whose frame was refused whole as stale, and the first such refusal.
         let mut stale_rows: Vec<usize> = Vec::new();
         let mut stale: Option<(usize, String)> = None;
+        let idempotent = !matches!(values, Some((_, m)) if m != Merge::Store);
         let vt = meta.value_type;
         let dim = match vt {
             ValueType::F32Vec(d) => d as usize,
@@ -310,13 +311,11 @@ impl Client {
                     Response::Error(e)
                         if matches!(
                             e.status,
-                            Status::OutOfMemory
-                                | Status::Internal
-                                | Status::TooLarge
-                                | Status::Indeterminate
-                        ) =>
+                            Status::OutOfMemory | Status::Internal | Status::TooLarge
+                        ) || (e.status == Status::Indeterminate && !idempotent) =>
                     {
-                        // The whole frame was refused: every key in it failed at this replica.
+                        // The whole frame failed: every key in it failed (a merge answered
+                        // INDETERMINATE may have been applied at some replicas).
                         let why = format!("{} from {addr}: {}", e.status.name(), e.message);
                         for &p in row {
                             for &j in by_part.row(p as usize) {
@@ -342,11 +341,15 @@ impl Client {
                     // the primary is still copying some of these partitions in and takes no merge
                     // into them yet (REPAIRING). Its keys go again after a refresh; the frames
                     // other primaries took stand.
+                    // INDETERMINATE (the primary could not complete the write on every replica,
+                    // mostly because a fail-over moved the partition on meanwhile): a store or a
+                    // delete may be sent again within this call, which has not returned (it then
+                    // takes effect at the second try); a merge may not (it would count twice).
                     Response::Error(e)
                         if matches!(
                             e.status,
                             Status::WrongEpoch | Status::NotOwner | Status::Repairing
-                        ) =>
+                        ) || (e.status == Status::Indeterminate && idempotent) =>
                     {
                         answered += 1;
                         stale_rows.push(s);

@@ -201,13 +201,14 @@ fn a_restarted_server_repairs_itself_before_serving() {
         cluster.servers[0].addr.clone(),
         cluster.servers[2].addr.clone(),
     ];
+    // A control plane to fail the dead server over: the write below waits for it.
+    wait_group(&c, 3);
     cluster.servers[1].kill();
-    // Written while it is down: the repair must bring these too.
+    // Written while it is down (once the group failed it over: a partition's primary completes a
+    // write on every replica of the spec): the repair must bring these too.
     let later = keys(2_000, "later");
     let later_vals: Vec<i64> = (0..later.len() as i64).collect();
-    let mut c1 = cluster.config();
-    c1.ack = ramgrid_client::Ack::One;
-    let w = Client::new(c1).unwrap();
+    let w = Client::new(cluster.config()).unwrap();
     w.put(
         "t",
         Keys::Slices(&slices(&later)),
@@ -221,6 +222,16 @@ fn a_restarted_server_repairs_itself_before_serving() {
     let addr = cluster.servers[1].addr.clone();
     cluster.servers[1] = Server::start_at(&addr, &["--join", &join]);
     check_exact(&c, "t", &names, &vals, "reads while it repairs");
+    // Failed over while it was down: the group brings it back through a move, then it copies.
+    let back = Instant::now();
+    while !c.servers().contains(&addr) {
+        assert!(
+            back.elapsed() < Duration::from_secs(30),
+            "{addr} not back in the spec"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        let _ = c.refresh_spec();
+    }
     wait_repaired(&c, &addr);
     let status = c.server_status(&addr).unwrap();
     assert_ne!(
@@ -238,6 +249,28 @@ fn a_restarted_server_repairs_itself_before_serving() {
         &later_vals,
         "later writes after server 0 died",
     );
+}
+
+/// Waits (up to 20 s) until every server of `c`'s spec is in a metadata group of `members` with a
+/// leader.
+fn wait_group(c: &Client, members: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let formed = c.servers().iter().all(|a| {
+            c.server_status(a).is_ok_and(|s| {
+                s.get("meta_members") == Some(&members.to_string())
+                    && s.get("meta_leader").is_some_and(|l| l != "none")
+            })
+        });
+        if formed {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no metadata group formed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Sends SET_SPEC with `spec` to `addr` on a raw connection; the server's answer.
