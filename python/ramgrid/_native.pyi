@@ -66,6 +66,11 @@ class Client:
         """Makes a sealed version current on every server."""
     def drop_version(self, table: str, version: int) -> None: ...
     def current_version(self, table: str) -> int: ...
+    def verify(
+        self, table: str, version: int = 0
+    ) -> tuple[int, int, int, list[tuple[int, list[tuple[str, int, int]]]], list[tuple[int, str, str]]]:
+        """Compares the replicas of every partition (DIGEST): (version, partitions agreed, their items, partitions
+        that differ with each replica's (server, items, digest), (partition, server, why) not compared)."""
     def partition_owners(self, table: str) -> list[list[str]]:
         """For each partition of the table, its replicas' server addresses, primary first, under the spec this
         client routes by (what a job needs to run a partition's work next to its data)."""

@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("addr", metavar="DEAD", help="the host:port of the server to replace")
     rp.add_argument("new", metavar="NEW", help="the host:port of the running, empty server that takes its place")
 
-    tb = add("table", "create, drop, list or describe tables")
+    tb = add("table", "create, drop, list, describe or verify tables")
     tbsub = tb.add_subparsers(dest="action", metavar="ACTION")
     tbsub.required = True
     cr = tbsub.add_parser("create", help="create a table")
@@ -106,6 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("name")
     ls = tbsub.add_parser("list", help="list tables")
     _common(ls, top=False)
+    vf = tbsub.add_parser(
+        "verify",
+        help="compare the replicas of every partition (exit 1 if any differ)",
+        description="Each server that holds a partition says how many items it holds and a hash of them; the "
+        "replicas of each partition are compared (docs/replication.md).",
+    )
+    _common(vf, top=False)
+    vf.add_argument("name")
+    vf.add_argument("--version", type=int, default=0, help="a version (default: the current one)")
     st = tbsub.add_parser(
         "stats",
         help="count, sum, min, max, mean, std of a numeric table, computed by the servers (one pass per column)",
@@ -441,7 +450,20 @@ def cmd_table(args: argparse.Namespace) -> int:
         print(json.dumps(grid.table(args.name).describe(), indent=2, default=str))
     elif args.action == "stats":
         _table_stats(grid, args)
+    elif args.action == "verify":
+        return _table_verify(grid, args)
     return 0
+
+
+def _table_verify(grid: Any, args: argparse.Namespace) -> int:
+    r = grid.table(args.name).verify(args.version or None)
+    print(f"{args.name} v{r['version']}: {r['agreed']} partitions agree ({r['items']} items)")
+    for p, reps in sorted(r["differ"].items()):
+        figures = ", ".join(f"{s}: {n} items, digest {d:016x}" for s, (n, d) in sorted(reps.items()))
+        print(f"partition {p} DIFFERS: {figures}")
+    for p, server, why in r["unanswered"]:
+        print(f"partition {p} not compared on {server}: {why}")
+    return 1 if r["differ"] else 0
 
 
 def _table_stats(grid: Any, args: argparse.Namespace) -> None:

@@ -39,6 +39,7 @@ pub(crate) fn idempotent(op: Opcode) -> bool {
         | Opcode::ClusterStatus
         | Opcode::Metrics
         | Opcode::Get
+        | Opcode::Digest
         | Opcode::Operator
         // A page is a read; the cursor names where it starts.
         | Opcode::Scan

@@ -41,6 +41,7 @@ mod stats;
 mod tls;
 mod topology;
 pub mod values;
+mod verify;
 mod write;
 
 pub use chunked::{ChunkedError, CHUNK_KEYS};
@@ -62,3 +63,4 @@ pub use shm::{ShmInfo, ShmStats};
 pub use shm_reader::ShmReader;
 pub use tls::TlsConfig;
 pub use values::{parse_type, type_name, BytesValues, Values, ValuesMut, ValuesRef};
+pub use verify::{ReplicaDigest, Verify};

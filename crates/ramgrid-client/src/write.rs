@@ -120,7 +120,13 @@ impl Client {
                             // moved on, or a merge waits for a copy in progress.
                             Some((s, why)) => {
                                 if attempt >= self.inner.spec_retries {
-                                    return Err(Error::StaleSpec(why));
+                                    if !why.contains(Status::Indeterminate.name()) {
+                                        return Err(Error::StaleSpec(why));
+                                    }
+                                    // Never completed: these keys fail, the others stand.
+                                    let keys = todo.iter().map(|&i| (i as usize, why.clone()));
+                                    outcome.failures.extend(keys);
+                                    break;
                                 }
                                 attempt += 1;
                                 crate::client::stale_backoff(attempt);

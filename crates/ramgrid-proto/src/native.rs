@@ -12,6 +12,7 @@
 
 mod admin;
 mod data;
+mod digest;
 mod error;
 mod frame;
 mod get_reply;
@@ -30,6 +31,7 @@ pub use data::{
     encode_delete, encode_get, Delete, Get, KeyBatch, KeyBatchWriter, KeyGroup, KeyGroupIter,
     KeyGroups, Keys,
 };
+pub use digest::{partition_bytes, DigestReply, DigestRequest, DigestState, PartitionDigest};
 pub use error::{FrameError, FrameErrorKind};
 pub use frame::{
     encode_frame, is_native_first_byte, parse_frame, Frame, Opcode, FLAG_REPLICA, FLAG_RESPONSE,

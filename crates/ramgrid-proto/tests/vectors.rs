@@ -298,6 +298,12 @@ fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
             let token = f.get("token_hex").map(|t| unhex(s(t))).unwrap_or_default();
             let spec = f.get("spec_hex").map(|t| unhex(s(t))).unwrap_or_default();
             let name = || s(&f["name"]);
+            let digest_parts = match op {
+                Opcode::Digest => {
+                    partition_bytes(&arr(&f["partitions"]).iter().map(u32_).collect::<Vec<_>>())
+                }
+                _ => Vec::new(),
+            };
             let vr = || VersionRef {
                 table: s(&f["table"]),
                 version: u32_(&f["version"]),
@@ -328,6 +334,11 @@ fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
                 Opcode::SetSpec => Request::SetSpec { spec: &spec },
                 Opcode::GetSpec => Request::GetSpec,
                 Opcode::ClusterStatus => Request::ClusterStatus,
+                Opcode::Digest => Request::Digest(DigestRequest::new(
+                    s(&f["table"]),
+                    u32_(&f["version"]),
+                    &digest_parts,
+                )),
                 Opcode::Raft => Request::Raft {
                     message: s(&f["message"]).as_bytes(),
                 },
@@ -468,6 +479,27 @@ fn encode_response(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
         }),
         Opcode::ClusterStatus => Response::Status(s(&f["text"])),
         Opcode::Raft => Response::Raft(s(&f["message"]).as_bytes()),
+        Opcode::Digest => {
+            let entries: Vec<PartitionDigest> = arr(&f["digests"])
+                .iter()
+                .map(|d| PartitionDigest {
+                    partition: u32_(&d["partition"]),
+                    state: match s(&d["state"]) {
+                        "held" => DigestState::Held,
+                        "not_held" => DigestState::NotHeld,
+                        _ => DigestState::Copying,
+                    },
+                    items: u(&d["items"]),
+                    digest: u(&d["digest"]),
+                })
+                .collect();
+            let mut raw = Vec::new();
+            DigestReply::encode_entries(&entries, &mut raw);
+            Response::Digest(DigestReply::view(&raw))
+                .encode(&mut out, op, id)
+                .unwrap();
+            return out;
+        }
         Opcode::Metrics => Response::Metrics(s(&f["text"])),
         Opcode::Operator => Response::Operator(op_reply_from_json(f)),
         _ => Response::Done,
@@ -503,6 +535,10 @@ fn request_json(req: &Request<'_>) -> Value {
         | Request::Metrics => json!({}),
         Request::Raft { message } => json!({
             "message": std::str::from_utf8(message).expect("RAFT vectors carry text"),
+        }),
+        Request::Digest(d) => json!({
+            "table": d.table, "version": d.version,
+            "partitions": d.partitions().collect::<Vec<_>>(),
         }),
         Request::ExportPartition(x) => json!({
             "table": x.table, "incarnation": x.incarnation, "version": x.version,
@@ -588,6 +624,26 @@ fn response_json(resp: &Response<'_>) -> Value {
         }
         Response::Status(text) | Response::Metrics(text) => {
             put("text", json!(text));
+        }
+        Response::Digest(d) => {
+            let state = |s: DigestState| match s {
+                DigestState::Held => "held",
+                DigestState::NotHeld => "not_held",
+                DigestState::Copying => "copying",
+            };
+            put(
+                "digests",
+                Value::Array(
+                    d.iter()
+                        .map(|e| {
+                            json!({
+                                "partition": e.partition, "state": state(e.state),
+                                "items": e.items, "digest": e.digest,
+                            })
+                        })
+                        .collect(),
+                ),
+            );
         }
         Response::Raft(m) => {
             put(

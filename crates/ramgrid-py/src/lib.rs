@@ -285,6 +285,40 @@ impl Client {
             .map_err(|e| to_py(py, e))
     }
 
+    /// Compares the replicas of every partition of `table` at `version` (0: current): (version,
+    /// partitions agreed, their items, [(partition, [(server, items, digest)])] that differ,
+    /// [(partition, server, why)] not compared).
+    #[expect(
+        clippy::type_complexity,
+        reason = "a plain tuple the Python layer names"
+    )]
+    #[pyo3(signature = (table, version=0))]
+    fn verify(
+        &self,
+        py: Python<'_>,
+        table: &str,
+        version: u32,
+    ) -> PyResult<(
+        u32,
+        u32,
+        u64,
+        Vec<(u32, Vec<(String, u64, u64)>)>,
+        Vec<(u32, String, String)>,
+    )> {
+        let v = py
+            .allow_threads(|| self.inner.verify(table, version))
+            .map_err(|e| to_py(py, e))?;
+        let differ = v
+            .differ
+            .into_iter()
+            .map(|(p, reps)| {
+                let reps = reps.into_iter().map(|r| (r.server, r.items, r.digest));
+                (p, reps.collect())
+            })
+            .collect();
+        Ok((v.version, v.agreed, v.items, differ, v.unanswered))
+    }
+
     /// The replicas of each partition of `table`, as server addresses, primary first.
     fn partition_owners(&self, py: Python<'_>, table: &str) -> PyResult<Vec<Vec<String>>> {
         py.allow_threads(|| self.inner.partition_owners(table))

@@ -62,6 +62,8 @@ pub enum Opcode {
     ClusterStatus = 0x23,
     /// One message of the cluster's Raft group (server to server; the body is opaque here).
     Raft = 0x24,
+    /// Per partition, the items a server holds and a hash of them (comparing replicas).
+    Digest = 0x25,
     /// Batched read.
     Get = 0x30,
     /// Batched write.
@@ -78,7 +80,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every assigned opcode, in wire order.
-    pub const ALL: [Opcode; 21] = [
+    pub const ALL: [Opcode; 22] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::CreateTable,
@@ -94,6 +96,7 @@ impl Opcode {
         Opcode::ExportPartition,
         Opcode::ClusterStatus,
         Opcode::Raft,
+        Opcode::Digest,
         Opcode::Get,
         Opcode::Put,
         Opcode::Delete,
@@ -125,6 +128,7 @@ impl Opcode {
             Opcode::ExportPartition => "EXPORT_PARTITION",
             Opcode::ClusterStatus => "CLUSTER_STATUS",
             Opcode::Raft => "RAFT",
+            Opcode::Digest => "DIGEST",
             Opcode::Get => "GET",
             Opcode::Put => "PUT",
             Opcode::Delete => "DELETE",

@@ -4,6 +4,7 @@ use super::admin::{
     CreateTable, ExportChunk, ExportRequest, Hello, HelloOk, SpecReply, VersionRef,
 };
 use super::data::KeyBatch;
+use super::digest::{DigestReply, DigestRequest};
 use super::error::FrameError;
 use super::frame::{Frame, Opcode, Pending, FLAG_RESPONSE};
 use super::get_reply::{GetReply, KeyStatuses};
@@ -54,6 +55,8 @@ pub enum Request<'a> {
     ExportPartition(ExportRequest<'a>),
     /// CLUSTER_STATUS (empty body).
     ClusterStatus,
+    /// DIGEST.
+    Digest(DigestRequest<'a>),
     /// RAFT: one message of the metadata group, opaque to the protocol.
     Raft {
         /// The message (`ramgrid_meta`'s encoding).
@@ -112,6 +115,7 @@ impl<'a> Request<'a> {
             Opcode::GetSpec => Request::GetSpec,
             Opcode::ExportPartition => Request::ExportPartition(ExportRequest::read(&mut r)?),
             Opcode::ClusterStatus => Request::ClusterStatus,
+            Opcode::Digest => Request::Digest(DigestRequest::read(&mut r)?),
             Opcode::Raft => Request::Raft {
                 message: r.bytes32("raft message")?,
             },
@@ -140,6 +144,7 @@ impl<'a> Request<'a> {
             Request::SetSpec { .. } => Opcode::SetSpec,
             Request::GetSpec => Opcode::GetSpec,
             Request::ExportPartition(_) => Opcode::ExportPartition,
+            Request::Digest(_) => Opcode::Digest,
             Request::ClusterStatus => Opcode::ClusterStatus,
             Request::Raft { .. } => Opcode::Raft,
             Request::Metrics => Opcode::Metrics,
@@ -166,6 +171,7 @@ impl<'a> Request<'a> {
             | Request::ClusterStatus
             | Request::Metrics => {}
             Request::ExportPartition(x) => x.write(out)?,
+            Request::Digest(x) => x.write(out)?,
             Request::CreateTable(c) => c.write(out)?,
             Request::DropTable { name } | Request::DescribeTable { name } => {
                 wire::put_name(out, name, "table name")?
@@ -214,6 +220,8 @@ pub enum Response<'a> {
     Status(&'a str),
     /// OK to RAFT: the reply message.
     Raft(&'a [u8]),
+    /// OK to DIGEST.
+    Digest(DigestReply<'a>),
     /// OK to METRICS: Prometheus text exposition (format 0.0.4).
     Metrics(&'a str),
     /// OK to GET.
@@ -275,6 +283,7 @@ impl<'a> Response<'a> {
                 Opcode::ExportPartition => Response::Export(ExportChunk::read(&mut r)?),
                 Opcode::ClusterStatus => Response::Status(r.str32("status")?),
                 Opcode::Raft => Response::Raft(r.bytes32("raft reply")?),
+                Opcode::Digest => Response::Digest(DigestReply::read(&mut r)?),
                 Opcode::Metrics => Response::Metrics(r.str32("metrics")?),
                 Opcode::Get => Response::Get(GetReply::read(&mut r)?),
                 Opcode::Put | Opcode::Delete => Response::KeyStatuses(KeyStatuses::read(&mut r)?),
@@ -309,6 +318,7 @@ impl<'a> Response<'a> {
             Response::Export(_) => opcode == O::ExportPartition,
             Response::Status(_) => opcode == O::ClusterStatus,
             Response::Raft(_) => opcode == O::Raft,
+            Response::Digest(_) => opcode == O::Digest,
             Response::Metrics(_) => opcode == O::Metrics,
             Response::Get(_) => opcode == O::Get,
             Response::KeyStatuses(_) => matches!(opcode, O::Put | O::Delete),
@@ -357,6 +367,7 @@ impl<'a> Response<'a> {
             Response::Export(x) => x.write(out)?,
             Response::Status(text) => wire::put_bytes32(out, text.as_bytes(), "status over 4 GiB")?,
             Response::Raft(m) => wire::put_bytes32(out, m, "raft reply over 4 GiB")?,
+            Response::Digest(d) => d.write(out)?,
             Response::Metrics(text) => {
                 wire::put_bytes32(out, text.as_bytes(), "metrics over 4 GiB")?
             }

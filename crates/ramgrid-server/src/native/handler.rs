@@ -116,6 +116,7 @@ impl Conn {
                 self.data(state, id, req, out, room)
             }
             Request::Operator(_) => super::ops::answer(state, id, req, out),
+            Request::Digest(d) => super::digest::answer(state, id, d, out),
             Request::Scan(_) => super::scan::answer(state, id, req, out),
         }
     }

@@ -17,6 +17,7 @@
 //! forwarded to the other replicas in one order: `crate::replicate`), `backup.rs` (a primary's
 //! forward, applied once), `ops.rs` (OPERATOR: operators run at the data, exact or refused), `scan.rs` (SCAN: pages of a
 //! plain or filtered scan, one moment per partition);
+//! `digest.rs` (DIGEST: what a server holds of some partitions, to compare replicas);
 //! `checks.rs` holds the refusals every data request makes before it touches a key. The state
 //! served is the node's (`crate::node::Node`); the mapping between the store's types and the
 //! wire's is `crate::convert`.
@@ -28,6 +29,7 @@ mod checks;
 mod cluster;
 mod conn;
 mod data;
+mod digest;
 mod handler;
 mod ops;
 mod primary;
