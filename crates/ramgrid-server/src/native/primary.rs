@@ -255,10 +255,11 @@ impl Conn {
                         }
                         let mut it = st.into_iter();
                         for &g in which {
-                            for k in first_key[g]..first_key[g] + groups[g].1 {
+                            let span = first_key[g]..first_key[g] + groups[g].1;
+                            for slot in &mut refused[span] {
                                 let s = it.next().unwrap_or(StoreKeyStatus::Ok as u8);
-                                if !w.agrees(s) && refused[k].is_none() {
-                                    refused[k] = Some(s);
+                                if !w.agrees(s) && slot.is_none() {
+                                    *slot = Some(s);
                                 }
                             }
                             applied.insert((g, addr.to_string()));
