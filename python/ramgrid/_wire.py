@@ -15,6 +15,7 @@ MAGIC = 0xA7
 PROTOCOL_VERSION = 1
 HEADER_LEN = 16
 FLAG_RESPONSE = 0x01
+FLAG_REPLICA = 0x02  # a primary's forward of a PUT or DELETE (spec 7.5)
 
 OPCODES = {
     "HELLO": 0x01,
@@ -32,6 +33,7 @@ OPCODES = {
     "EXPORT_PARTITION": 0x22,
     "CLUSTER_STATUS": 0x23,
     "RAFT": 0x24,
+    "DIGEST": 0x25,
     "GET": 0x30,
     "PUT": 0x31,
     "DELETE": 0x32,
@@ -57,7 +59,9 @@ STATUSES = [
     "UNSUPPORTED_PROTOCOL",
     "REPAIRING",
     "NO_QUORUM",
+    "INDETERMINATE",
 ]
+DIGEST_STATES = ["held", "not_held", "copying"]
 KEY_STATUSES = ["OK", "NOT_FOUND", "KEY_TOO_LARGE", "VALUE_TOO_LARGE", "WRONG_TYPE", "OUT_OF_MEMORY"]
 VALUE_KINDS = ["bytes", "i64", "f64", "f32vec"]
 MAX_NAME_LEN = 255
@@ -209,7 +213,7 @@ def parse_frame(buf: bytes, max_body: int) -> tuple[str, bool, int, bytes, int]:
         raise WireError("unsupported_version", str(version))
     if op not in OPCODE_NAMES:
         raise WireError("unknown_opcode", hex(op))
-    if flags & ~FLAG_RESPONSE:
+    if flags & ~(FLAG_RESPONSE | FLAG_REPLICA):
         raise WireError("bad_flags", hex(flags))
     if length > max_body:
         raise WireError("body_too_large", str(length))
@@ -287,6 +291,9 @@ def encode_request_body(opcode: str, f: dict) -> bytes:
         return _b32(bytes.fromhex(f["spec_hex"]))
     if opcode == "RAFT":
         return _b32(f["message"].encode())
+    if opcode == "DIGEST":
+        parts = f["partitions"]
+        return _s16(f["table"]) + _u32(f["version"]) + _u32(len(parts)) + b"".join(_u32(p) for p in parts)
     if opcode in ("GET", "DELETE"):
         out = _batch_head(f) + _u32(len(f["groups"]))
         for g in f["groups"]:
@@ -352,6 +359,9 @@ def decode_request_body(opcode: str, body: bytes) -> dict:
             f = {"message": r.bytes32("raft message").decode()}
         except UnicodeDecodeError:
             raise WireError("malformed", "raft message") from None
+    elif opcode == "DIGEST":
+        f = {"table": r.name(), "version": r.u32("version")}
+        f["partitions"] = [r.u32("partition") for _ in range(r.u32("partition count"))]
     elif opcode in ("GET", "DELETE", "PUT"):
         f = {
             "table": r.name(),
@@ -409,6 +419,11 @@ def encode_response_body(opcode: str, f: dict) -> bytes:
         return out + _b32(f["text"].encode())
     if opcode == "RAFT":
         return out + _b32(f["message"].encode())
+    if opcode == "DIGEST":
+        out += _u32(len(f["digests"]))
+        for d in f["digests"]:
+            out += _u32(d["partition"]) + _u8(DIGEST_STATES.index(d["state"])) + _u64(d["items"]) + _u64(d["digest"])
+        return out
     if opcode == "GET":
         vt = f["value_type"]
         w = _width(vt)
@@ -475,6 +490,16 @@ def decode_response_body(opcode: str, body: bytes) -> dict:
             f["message"] = r.bytes32("raft reply").decode()
         except UnicodeDecodeError:
             raise WireError("malformed", "raft reply") from None
+    elif opcode == "DIGEST":
+        f["digests"] = []
+        for _ in range(r.u32("digest count")):
+            p, state = r.u32("partition"), r.u8("state")
+            if state >= len(DIGEST_STATES):
+                raise WireError("malformed", "digest state")
+            items = r.u64("items")
+            f["digests"].append(
+                {"digest": r.u64("digest"), "items": items, "partition": p, "state": DIGEST_STATES[state]}
+            )
     elif opcode == "GET":
         f["version"] = r.u32("version")
         vt = f["value_type"] = r.value_type()
