@@ -123,10 +123,17 @@ impl Client {
                                     if !why.contains(Status::Indeterminate.name()) {
                                         return Err(Error::StaleSpec(why));
                                     }
-                                    // Never completed: these keys fail, the others stand.
-                                    let keys = todo.iter().map(|&i| (i as usize, why.clone()));
+                                    // Never completed: these keys fail, the others stand; those
+                                    // waiting for a down primary go on waiting.
+                                    let keys =
+                                        again.resend.iter().map(|&i| (i as usize, why.clone()));
                                     outcome.failures.extend(keys);
-                                    break;
+                                    todo.retain(|i| again.resend.binary_search(i).is_err());
+                                    if todo.is_empty() {
+                                        break;
+                                    }
+                                    std::thread::sleep(pause);
+                                    continue;
                                 }
                                 attempt += 1;
                                 crate::client::stale_backoff(attempt);
@@ -400,10 +407,11 @@ impl Client {
             }
         }
         // The primary's answer stands for every replica (it answers once all applied the write).
+        let mut resend = Vec::new();
         for &s in &stale_rows {
             for &p in per_server.row(s) {
                 wait_parts.insert(p);
-                waiting.extend(by_part.row(p as usize).iter().map(|&j| idx[j as usize]));
+                resend.extend(by_part.row(p as usize).iter().map(|&j| idx[j as usize]));
             }
         }
         let failures = tally.failures(|_| 1);
@@ -419,9 +427,12 @@ impl Client {
                 .filter(|&p| !reached[p as usize] && !wait_parts.contains(&p)),
         );
         outcome.deleted += deleted.iter().filter(|&&d| d).count();
-        waiting.sort_unstable();
+        let mut keys: Vec<u32> = waiting.iter().chain(&resend).copied().collect();
+        keys.sort_unstable();
+        resend.sort_unstable();
         Ok(Again {
-            keys: waiting,
+            keys,
+            resend,
             stale,
         })
     }
@@ -431,6 +442,8 @@ impl Client {
 struct Again {
     /// Batch indices of the keys to send again.
     keys: Vec<u32>,
+    /// Those of them that a primary refused whole (the others wait for a down primary).
+    resend: Vec<u32>,
     /// A stale refusal among them: (server, why); the spec is refreshed first.
     stale: Option<(usize, String)>,
 }
