@@ -16,6 +16,7 @@ PROTOCOL_VERSION = 1
 HEADER_LEN = 16
 FLAG_RESPONSE = 0x01
 FLAG_REPLICA = 0x02  # a primary's forward of a PUT or DELETE (spec 7.5)
+FLAG_ACK_ONE = 0x04  # a client's PUT or DELETE at ack=one (spec 7.5)
 
 OPCODES = {
     "HELLO": 0x01,
@@ -213,7 +214,7 @@ def parse_frame(buf: bytes, max_body: int) -> tuple[str, bool, int, bytes, int]:
         raise WireError("unsupported_version", str(version))
     if op not in OPCODE_NAMES:
         raise WireError("unknown_opcode", hex(op))
-    if flags & ~(FLAG_RESPONSE | FLAG_REPLICA):
+    if flags & ~(FLAG_RESPONSE | FLAG_REPLICA | FLAG_ACK_ONE):
         raise WireError("bad_flags", hex(flags))
     if length > max_body:
         raise WireError("body_too_large", str(length))

@@ -403,6 +403,37 @@ impl Client {
         Ok(())
     }
 
+    /// Whether `table`'s current version is a sealed one on every server. A fresh table's current
+    /// version is open (written in place); once a sealed version is made current, the current
+    /// version stays sealed (SET_CURRENT takes only sealed versions) for the table's incarnation,
+    /// so a yes is kept and a no looked at again after a second.
+    pub(crate) fn current_sealed(&self, table: &str) -> bool {
+        let incarnation = self.table_meta(table).map_or(0, |m| m.incarnation);
+        let key = (format!("{table}\u{0}{incarnation:016x}"), 0);
+        match self.inner.sealed.lock().get(&key) {
+            Some(None) => return true,
+            Some(Some(at)) if at.elapsed() < UNSEALED_RECHECK => return false,
+            _ => {}
+        }
+        let topo = self.topology();
+        let sealed = match self.describe_all(&topo, table) {
+            Ok(infos) => {
+                infos.len() == topo.pools.len()
+                    && infos.iter().all(|t| {
+                        t.versions
+                            .iter()
+                            .any(|v| v.number == t.current_version && v.sealed)
+                    })
+            }
+            Err(_) => false,
+        };
+        self.inner
+            .sealed
+            .lock()
+            .insert(key, if sealed { None } else { Some(Instant::now()) });
+        sealed
+    }
+
     /// Whether `version` of `table` is sealed on every server (remembered once true).
     pub(crate) fn version_sealed(&self, table: &str, version: u32) -> bool {
         let key = (table.to_string(), version);

@@ -131,6 +131,7 @@ pub(crate) struct Inner {
     pub(crate) settings: ConnSettings,
     pub(crate) call_timeout: Duration,
     pub(crate) prober: Arc<Prober>,
+    pub(crate) ack: Ack,
     pub(crate) consistency: Consistency,
     pub(crate) spec_retries: u32,
     pub(crate) topo: RwLock<Arc<Topology>>,
@@ -328,6 +329,7 @@ impl Client {
             settings,
             call_timeout: config.call_timeout,
             prober: Prober::new(),
+            ack: config.ack,
             consistency: config.consistency,
             spec_retries: config.spec_retries,
             topo: RwLock::new(Arc::new(Topology {

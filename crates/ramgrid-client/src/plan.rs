@@ -89,8 +89,9 @@ impl Groups {
 
 /// How many replicas must acknowledge a write before the key counts as stored. Writes are
 /// ordered by each partition's primary, which answers only once every replica of the committed
-/// assignment applied the write (docs/replication.md): every level gets that promise today, and
-/// the level is kept for the configurations that name it.
+/// assignment applied the write (docs/replication.md). `All` and `Majority` get that promise;
+/// `One` trades it for availability while a replica is down: the first replica up takes the
+/// write and completes it on the replicas that answer (protocol 7.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Ack {
     /// Every replica of the key's partition.

@@ -60,8 +60,8 @@ static READ_SEED: AtomicU64 = AtomicU64::new(0);
 impl Client {
     /// The replica rule for reads (docs/client.md, rule 16; docs/replication.md, "Reads"):
     /// 1. a sealed version is identical on every replica (written, then sealed, before any read
-    ///    can name it), so its reads spread over the replicas. The current version (0) is always
-    ///    a sealed one; which one it is, every server learns from the metadata group;
+    ///    can name it), so its reads spread over the replicas; so do reads of the current version
+    ///    (0) once it is a sealed one (a fresh table's current version is open);
     /// 2. with `consistency = replica` reads of an open version spread too: every acknowledged
     ///    write is on every replica, but a write in flight may be seen at a backup before the
     ///    primary shows it;
@@ -70,8 +70,10 @@ impl Client {
     ///    primary's partitions go to the next replica, as every read's do.
     pub(crate) fn read_pick(&self, table: &str, version: u32) -> Pick {
         let same_everywhere = self.inner.consistency == Consistency::Replica
-            || version == 0
-            || self.version_sealed(table, version);
+            || match version {
+                0 => self.current_sealed(table),
+                v => self.version_sealed(table, v),
+            };
         if same_everywhere {
             Pick::Spread(READ_SEED.fetch_add(1, Ordering::Relaxed))
         } else {

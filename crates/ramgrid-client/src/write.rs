@@ -8,11 +8,11 @@ use ramgrid_proto::native::{
 
 use std::time::{Duration, Instant};
 
-use crate::client::{encode_err, refusal, unexpected, Client, Handled, OpError};
+use crate::client::{encode_err, refusal, unexpected, Client, Handled, OpError, Topology};
 use crate::deadline;
 use crate::error::{Error, Result};
 use crate::keys::Keys;
-use crate::plan::{AckTally, Groups};
+use crate::plan::{Ack, AckTally, Groups};
 use crate::values::ValuesRef;
 
 /// How long a write waits for a down primary to be failed over (or to come back) before its keys
@@ -118,7 +118,7 @@ impl Client {
                         match again.stale {
                             // Refused whole by some primaries (nothing done there): the spec
                             // moved on, or a merge waits for a copy in progress.
-                            Some((s, why)) => {
+                            Some((topo, s, why)) => {
                                 if attempt >= self.inner.spec_retries {
                                     if !why.contains(Status::Indeterminate.name()) {
                                         return Err(Error::StaleSpec(why));
@@ -137,7 +137,8 @@ impl Client {
                                 }
                                 attempt += 1;
                                 crate::client::stale_backoff(attempt);
-                                self.on_stale(&self.topology(), s, table)?;
+                                // `s` indexes the round's topology, not a newer one.
+                                self.on_stale(&topo, s, table)?;
                                 if self.table_meta(table)?.value_type != value_type {
                                     return Err(Error::Protocol {
                                         server: String::new(),
@@ -198,18 +199,27 @@ impl Client {
         });
         let busy: Vec<u32> = by_part.busy().map(|p| p as u32).collect();
         // A primary that failed recently is not waited for: its partitions' keys are not written
-        // until the control plane fails it over and names another.
+        // until the control plane fails it over and names another. At ack = one the first replica
+        // up takes them instead (protocol 7.5).
         let live = |s: u32| !topo.pools[s as usize].is_down();
+        let one = self.inner.ack == Ack::One;
+        let taker = |p: u32| -> Option<u32> {
+            if one {
+                map.replicas(p).iter().copied().find(|&s| live(s))
+            } else {
+                map.primary(p).filter(|&s| live(s))
+            }
+        };
         let per_server = Groups::by_target(topo.pools.len(), busy.iter().copied(), |p| {
-            map.primary(p).filter(|&s| live(s)).map(|s| s as usize)
+            taker(p).map(|s| s as usize)
         });
         let mut tally = AckTally::new(idx.len());
         let (mut answered, mut lost_table) = (0usize, 0usize);
         let mut skipped = Vec::new();
         let mut waiting = Vec::new();
         let mut wait_parts = std::collections::BTreeSet::new();
-        for &p in &busy {
-            for s in map.primary(p).into_iter().filter(|&s| !live(s)) {
+        for &p in busy.iter().filter(|&&p| taker(p).is_none()) {
+            if let Some(s) = map.primary(p) {
                 if patient {
                     waiting.extend(by_part.row(p as usize).iter().map(|&j| idx[j as usize]));
                     wait_parts.insert(p);
@@ -225,7 +235,7 @@ impl Client {
         let mut deleted = vec![false; if values.is_none() { idx.len() } else { 0 }];
         // Servers whose frame was refused whole as stale, and the first such refusal.
         let mut stale_rows: Vec<usize> = Vec::new();
-        let mut stale: Option<(usize, String)> = None;
+        let mut stale: Option<(std::sync::Arc<Topology>, usize, String)> = None;
         let idempotent = !matches!(values, Some((_, m)) if m != Merge::Store);
         let vt = meta.value_type;
         let dim = match vt {
@@ -249,6 +259,9 @@ impl Client {
                         let mut w = PutWriter::begin(buf, id, table, version, topo.epoch, vt)
                             .map_err(encode_err)?;
                         w.set_incarnation(meta.incarnation);
+                        if one {
+                            w.set_ack_one();
+                        }
                         w.set_merge(merge);
                         for &p in row {
                             let js = by_part.row(p as usize);
@@ -277,6 +290,9 @@ impl Client {
                         )
                         .map_err(encode_err)?;
                         w.set_incarnation(meta.incarnation);
+                        if one {
+                            w.set_ack_one();
+                        }
                         for &p in row {
                             let ks = by_part
                                 .row(p as usize)
@@ -367,7 +383,8 @@ impl Client {
                         answered += 1;
                         stale_rows.push(s);
                         if stale.is_none() {
-                            stale = Some((s, format!("{addr}: {} {}", e.status.name(), e.message)));
+                            let why = format!("{addr}: {} {}", e.status.name(), e.message);
+                            stale = Some((topo.clone(), s, why));
                         }
                         Ok(Handled::Ok)
                     }
@@ -444,8 +461,8 @@ struct Again {
     keys: Vec<u32>,
     /// Those of them that a primary refused whole (the others wait for a down primary).
     resend: Vec<u32>,
-    /// A stale refusal among them: (server, why); the spec is refreshed first.
-    stale: Option<(usize, String)>,
+    /// A stale refusal among them: (the round's topology, server, why); the spec is refreshed first.
+    stale: Option<(std::sync::Arc<Topology>, usize, String)>,
 }
 
 /// What a write did, summed over its chunks.

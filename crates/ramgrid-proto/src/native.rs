@@ -34,8 +34,8 @@ pub use data::{
 pub use digest::{partition_bytes, DigestReply, DigestRequest, DigestState, PartitionDigest};
 pub use error::{FrameError, FrameErrorKind};
 pub use frame::{
-    encode_frame, is_native_first_byte, parse_frame, Frame, Opcode, FLAG_REPLICA, FLAG_RESPONSE,
-    HEADER_LEN, MAGIC, PROTOCOL_VERSION,
+    encode_frame, is_native_first_byte, parse_frame, Frame, Opcode, FLAG_ACK_ONE, FLAG_REPLICA,
+    FLAG_RESPONSE, HEADER_LEN, MAGIC, PROTOCOL_VERSION,
 };
 pub use get_reply::{GetReply, GetReplyIter, GetReplyWriter, KeyStatusWriter, KeyStatuses};
 pub use message::{encode_error, Request, Response};

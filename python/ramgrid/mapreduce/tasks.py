@@ -39,7 +39,13 @@ def _batches(spec: JobSpec, split: Any, where: str | None = None) -> Iterator[An
     if isinstance(split, TableSplit):
         t = PinnedTable(Grid(spec.config), split.table, split.version, split.incarnation)
         prefer = where if where in split.owners else None
-        with t.scan(partitions=(split.partition, split.partition + 1), prefer=prefer) as chunks:
+        part = (split.partition, split.partition + 1)
+        try:
+            scan = t.scan(partitions=part, prefer=prefer)
+        except ValueError:
+            # The server the task was placed beside left the cluster since (failed over): any replica will do.
+            scan = t.scan(partitions=part)
+        with scan as chunks:
             yield from chunks
         return
     assert isinstance(split, FileSplit)

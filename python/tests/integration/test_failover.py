@@ -83,8 +83,10 @@ def test_unreplicated_reads_name_the_lost_partitions() -> None:
         assert t.get_many(alive).tolist() == alive.tolist()
         with pytest.raises(PartitionsUnavailable):
             t.lookup(dead[:10])
+        # A write waits (unsent) for the dead primary's fail-over or return, within the call's time: here 1 s.
+        impatient = ramgrid.connect(g.addresses, timeout=2.0, call_timeout=1.0).table("single")
         with pytest.raises(PartitionsUnavailable):
-            t.put_many(dead[:10], dead[:10])
+            impatient.put_many(dead[:10], dead[:10])
 
 
 def test_describe_and_current_version_answer_after_a_kill() -> None:

@@ -1,7 +1,9 @@
-"""A job with an output table and a server SIGKILLed mid-job (issue 11, item 4): the job waits at its commit for the
-server to come back and repair itself, then seals and switches its output version; if it does not come back within
-`commit_timeout`, the job fails with `CommitPending` naming it, and `resume` later only seals and switches. The output
-is checked key by key against a plain-Python word count of real text."""
+"""A job with an output table and a server SIGKILLed mid-job (issue 11, item 4). Since each partition's primary
+orders its writes (issue 25), a write at ack=all waits for the dead server's fail-over and then completes on every
+replica of the new spec: the job does not fall back to ack=one, so it has nothing to wait for at its commit. It
+completes on the survivors whether the server comes back mid-job or never. (`CommitPending` is still raised when a
+job did write at ack=one: tests/unit and the resume path keep it.) The output is checked key by key against a
+plain-Python word count of real text."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +22,7 @@ pytest.importorskip(
 import _mr_helpers as h
 import ramgrid
 from ramgrid import mapreduce
-from ramgrid.exceptions import CommitPending, RamgridError
+from ramgrid.exceptions import RamgridError
 from ramgrid.mapreduce.joblog import JobLog
 
 pytestmark = pytest.mark.timeout(120)
@@ -74,11 +77,20 @@ def _maps_committed(n: int) -> Callable[[JobLog], bool]:
     return lambda log: len(log.committed_maps(10_000)) >= n
 
 
-def _waiting(log: JobLog) -> bool:
-    return bool(log.waiting())
+def _eventually(check: Callable[[], None], limit: float = 60.0) -> None:
+    """Runs `check` until it passes: the fail-over's re-replication (or a rejoin's copy) may still be running."""
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            check()
+            return
+        except (AssertionError, RamgridError, ValueError):  # ValueError: a rejoining server not in the spec yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
-def _check_output(grid: ramgrid.Grid, lines: list[str], version: int | None) -> None:
+def _check_output(grid: Any, lines: list[str], version: int | None, live: list[str] | None = None) -> None:
     ref = dict(h.reference_counts(lines))
     t = ramgrid.connect(grid.addresses).table("counts")  # a fresh client: no state from the job
     assert version is not None and t.current_version() == version
@@ -87,30 +99,29 @@ def _check_output(grid: ramgrid.Grid, lines: list[str], version: int | None) -> 
     assert t.describe()["versions"][-1]["items"] == len(ref)
     # Every replica holds the output whole: each server's share of the version adds up to twice the keys, and a
     # scan preferring each server in turn (it serves every partition it holds) reads exactly the reference.
-    per_server = [d["tables"]["counts"]["by_version"][version]["items"] for d in grid.stats()]
+    servers = live if live is not None else list(grid.addresses)
+    t = ramgrid.connect(servers).table("counts")
+    t._client().refresh_spec()
+    per_server = [d["tables"]["counts"]["by_version"][version]["items"] for d in t._grid.stats()]
     assert sum(per_server) == 2 * len(ref), per_server
-    for server in grid.addresses:
+    for server in servers:
         with t.scan(prefer=server) as chunks:
             seen = {k.decode(): v for keys, values in chunks for k, v in zip(keys.to_pylist(), values.tolist())}
         assert seen == ref, server
 
 
-@pytest.mark.parametrize("restart", ["at-commit", "mid-map"])
 @pytest.mark.parametrize("reducer", ["general", "sum"])
 def test_a_server_killed_mid_job_and_restarted_lets_the_job_switch_its_output(
-    lines: list[str], tmp_path: Path, slow: None, reducer: str, restart: str
+    lines: list[str], tmp_path: Path, slow: None, reducer: str
 ) -> None:
-    """The general reducer writes the output in its reduce phase (at ack=one while the server is down); "sum" merges
-    on write (at ack=one after the kill), and a merge the kill cut makes the job rebuild its output in a new version,
-    which waits for the server as the commit does. The server comes back while the driver waits for it (the driver
-    notes in its log the servers it waits for), or while map tasks still write at ack=one: those run again at
-    ack=all once every server answers, so the server that came back holds their writes."""
+    """The general reducer writes the output in its reduce phase; "sum" merges on write. The server is killed after
+    three maps and comes back after eight: the job's writes wait for its fail-over, then go on (a task placed beside
+    the dead server reads its split from another replica); the server rejoins and copies back what it holds."""
     src = h.write_text(tmp_path / "slice.txt", lines)
-    job = f"commit-{reducer}-{restart}"
+    job = f"commit-{reducer}"
     with ramgrid.local(servers=3, memory="256MiB", timeout=2.0) as g:
         killer = _When(g, job, _maps_committed(3), lambda: g.kill(1))
-        when = _waiting if restart == "at-commit" else _maps_committed(8)
-        restarter = _When(g, job, when, lambda: g.restart(1))
+        restarter = _When(g, job, _maps_committed(8), lambda: g.restart(1))
         res = mapreduce.run(
             g,
             src,
@@ -126,60 +137,45 @@ def test_a_server_killed_mid_job_and_restarted_lets_the_job_switch_its_output(
             commit_timeout=60,
         )
         killer.join(5)
-        restarter.join(5)
-        assert killer.fired and restarter.fired and killer.error is None and restarter.error is None
-        assert all(g.alive())
-        _check_output(g, lines, res.version)
+        restarter.join(30)
+        assert killer.fired and killer.error is None
+        if restarter.fired:  # the job may finish before an eighth map commits after the kill
+            assert restarter.error is None
+        live = [a for a, up in zip(g.addresses, g.alive(), strict=True) if up]
+        _eventually(lambda: _check_output(g, lines, res.version, live=live))
     s = res.summary
-    assert s.ack == "one"  # the job went on while the server was down
     assert s.map_runs == s.map_tasks + s.retries  # maps committed before the kill were not run again
 
 
-def test_a_server_that_does_not_come_back_fails_the_commit_clearly_and_resume_switches(
+def test_a_server_that_does_not_come_back_does_not_hold_the_commit(
     lines: list[str], tmp_path: Path, slow: None
 ) -> None:
+    # Before, the job wrote at ack=one while the server was down and had to wait at its commit for it to come back
+    # (CommitPending after commit_timeout). Its writes now wait for the fail-over and are then on every replica of
+    # the new spec, so the job commits on the survivors.
     src = h.write_text(tmp_path / "slice.txt", lines)
     job = "commit-late"
     with ramgrid.local(servers=3, memory="256MiB", timeout=2.0) as g:
         victim = g.addresses[1]
         killer = _When(g, job, _maps_committed(3), lambda: g.kill(1))
-        with pytest.raises(CommitPending) as err:
-            mapreduce.run(
-                g,
-                src,
-                h.slow_count_block,
-                h.total,
-                vectorised=True,
-                chunk_bytes=CHUNK,
-                workers=3,
-                progress=False,
-                job_id=job,
-                output="counts",
-                output_type="i64",
-                commit_timeout=2,
-            )
+        res = mapreduce.run(
+            g,
+            src,
+            h.slow_count_block,
+            h.total,
+            vectorised=True,
+            chunk_bytes=CHUNK,
+            workers=3,
+            progress=False,
+            job_id=job,
+            output="counts",
+            output_type="i64",
+            commit_timeout=2,
+        )
         killer.join(5)
         assert killer.fired
-        e = err.value
-        assert e.servers == (victim,) and e.job_id == job
-        assert victim in str(e) and f"resume({job!r}, grid)" in str(e) and "down" in str(e)
-        # Nothing switched: the job's version is open, its log says all work is done.
-        log = JobLog(g.config, job)
-        spec = log.spec()
-        assert log.state() == "commit" and log.waiting() == [victim]
-        assert g.table("counts").current_version() != spec.output_version
-        with pytest.raises(CommitPending):  # still down: resume fails the same way, in its bound
-            mapreduce.resume(job, g, workers=3, progress=False, commit_timeout=0.5)
-
-        g.restart(1)
-        res = mapreduce.resume(job, g, workers=3, progress=False)
-        assert res.version == spec.output_version
-        _check_output(g, lines, res.version)
+        _eventually(lambda: _check_output(g, lines, res.version, live=[a for a in g.addresses if a != victim]))
         assert not JobLog(g.config, job).exists()  # done: the job's tables are dropped
-    s = res.summary
-    # Only the seal and the switch: no task ran again.
-    assert s.map_runs == 0 and s.reduce_tasks == 0 and s.retries == 0
-    assert s.maps_resumed == s.map_tasks > 0
 
 
 def test_a_commit_timeout_that_is_not_a_number_of_seconds_is_refused(tmp_path: Path) -> None:

@@ -71,7 +71,10 @@ def test_each_map_task_scans_the_replica_it_was_placed_beside() -> None:
         assert chosen is not None, "no partition count moved a task off its primary"
         t, parts, owners, placed = chosen
         keys = np.arange(N, dtype=np.int64)
-        t.put_many(keys, keys * 3)
+        # A sealed input, the same on every replica: a task reads it from the replica beside it. (An open version
+        # is read from its primary, which alone shows a write only once every replica holds it.)
+        with t.new_version() as v:
+            v.put_many(keys, keys * 3)
         _WATCH.update(grid=g, table=t.name, partitions=parts, last=_scan_pages(g, t.name))
         res = mapreduce.run(g, t, served_by, "sum", vectorised=True, workers=1, progress=False)
 

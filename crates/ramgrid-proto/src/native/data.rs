@@ -288,6 +288,11 @@ impl<'o> KeyBatchWriter<'o> {
         })
     }
 
+    /// Sends the DELETE at `ack = one` ([`FLAG_ACK_ONE`](super::FLAG_ACK_ONE)).
+    pub fn set_ack_one(&mut self) {
+        self.p.set_flag(super::FLAG_ACK_ONE);
+    }
+
     /// Names the table incarnation the batch is meant for (written as 0, "any", by `begin`).
     pub fn set_incarnation(&mut self, incarnation: u64) {
         let at = self.groups_at - 8;

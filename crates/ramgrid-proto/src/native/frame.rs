@@ -17,7 +17,11 @@ pub const FLAG_RESPONSE: u8 = 0x01;
 /// forwards nothing. A PUT or DELETE without it comes from a client and is taken only by the
 /// primary of every partition in it.
 pub const FLAG_REPLICA: u8 = 0x02;
-const KNOWN_FLAGS: u8 = FLAG_RESPONSE | FLAG_REPLICA;
+/// Flag bit on a client's PUT or DELETE sent at `ack = one` (spec section 7.5): any replica of
+/// the partitions may take it (the first one up, when the primary is down), and it completes the
+/// write on the replicas that answer instead of waiting for a silent one to be failed over.
+pub const FLAG_ACK_ONE: u8 = 0x04;
+const KNOWN_FLAGS: u8 = FLAG_RESPONSE | FLAG_REPLICA | FLAG_ACK_ONE;
 
 /// Whether a connection whose first byte is `first` speaks the native protocol.
 pub fn is_native_first_byte(first: u8) -> bool {
@@ -252,6 +256,11 @@ impl<'o> Pending<'o> {
     }
 
     /// Patches the body length into the header and keeps the frame.
+    /// Sets `flag` in the frame's header.
+    pub(crate) fn set_flag(&mut self, flag: u8) {
+        self.out[self.start + 3] |= flag;
+    }
+
     pub(crate) fn finish(mut self) -> Result<(), FrameError> {
         let len = self.out.len() - self.start - HEADER_LEN;
         let len = u32::try_from(len).map_err(|_| FrameError::Encode("body over 4 GiB"))?;

@@ -531,6 +531,11 @@ impl<'o> PutWriter<'o> {
         )
     }
 
+    /// Sends the PUT at `ack = one` ([`FLAG_ACK_ONE`](super::FLAG_ACK_ONE)).
+    pub fn set_ack_one(&mut self) {
+        self.p.set_flag(super::FLAG_ACK_ONE);
+    }
+
     /// Asks the server to merge each value with the stored one (written by `finish`; numeric
     /// tables only, which the server checks).
     pub fn set_merge(&mut self, merge: Merge) {

@@ -85,14 +85,9 @@ pub async fn serve(
                         // A client's write is ordered by the partitions' primary (primary.rs);
                         // a primary's forward is applied once, as it comes (backup.rs).
                         None if write && !forwarded => {
-                            conn.primary_write(
-                                state,
-                                frame.opcode,
-                                frame.request_id,
-                                &req,
-                                &mut out,
-                            )
-                            .await
+                            let one = frame.flags & wire::FLAG_ACK_ONE != 0;
+                            let (op, id) = (frame.opcode, frame.request_id);
+                            conn.primary_write(state, op, id, &req, &mut out, one).await
                         }
                         None if write => {
                             let (op, id) = (frame.opcode, frame.request_id);

@@ -81,11 +81,13 @@ impl Write<'_, '_> {
 
 /// The replicas (addresses) other than this server that a write to each group must reach under
 /// the installed spec, or why this server may not order it: it is not the primary of a group's
-/// partition (NOT_OWNER, nothing done), or it holds no spec the write can be checked against.
+/// partition (NOT_OWNER, nothing done; at `ack = one`, any replica may), or it holds no spec the
+/// write can be checked against.
 fn backups(
     state: &Node,
     groups: &[(u32, usize)],
     spec: &TableSpec,
+    one: bool,
 ) -> Result<(u64, Vec<Vec<String>>), ErrorReply> {
     let cluster = state.cluster.read();
     let Some(c) = cluster.as_ref() else {
@@ -100,7 +102,12 @@ fn backups(
     let mut not_primary = Vec::new();
     let mut out = Vec::with_capacity(groups.len());
     for &(p, _) in groups {
-        if map.primary(p) != Some(me) {
+        let takes = if one {
+            map.write_replicas(p).contains(&me)
+        } else {
+            map.primary(p) == Some(me)
+        };
+        if !takes {
             not_primary.push(p);
             out.push(Vec::new());
             continue;
@@ -137,13 +144,17 @@ impl Conn {
         id: u64,
         req: &Request<'_>,
         out: &mut Vec<u8>,
+        one: bool,
     ) -> Option<Status> {
         let w = match req {
             Request::Put(p) => Write::Put(p, p.groups.iter().collect()),
             Request::Delete(b) => Write::Delete(b, b.groups.iter().collect()),
             _ => return self.handle(state, op, id, req, out, state.max_body),
         };
-        let e = self.try_primary_write(state, op, id, &w, out).await.err()?;
+        let e = self
+            .try_primary_write(state, op, id, &w, out, one)
+            .await
+            .err()?;
         let _ = wire::encode_error(out, op, id, &e);
         Some(e.status)
     }
@@ -155,6 +166,7 @@ impl Conn {
         id: u64,
         w: &Write<'_, '_>,
         out: &mut Vec<u8>,
+        one: bool,
     ) -> Result<(), ErrorReply> {
         let (table, version, epoch, incarnation) = w.head();
         let groups = w.groups();
@@ -176,7 +188,7 @@ impl Conn {
                 }
             }
             drop(cluster);
-            (tv.clone(), backups(state, &groups, tv.spec())?.1)
+            (tv.clone(), backups(state, &groups, tv.spec(), one)?.1)
         };
         if targets.iter().all(Vec::is_empty) {
             // The only replica: nothing to order against.
@@ -212,7 +224,7 @@ impl Conn {
         let complete = loop {
             // Who must still apply it, under the spec installed now: a replica failed over since
             // is no longer asked, a replica added since is.
-            let (epoch, targets) = match backups(state, &groups, tv.spec()) {
+            let (epoch, targets) = match backups(state, &groups, tv.spec(), one) {
                 Ok(t) => t,
                 Err(e) => {
                     trouble.insert(String::from("this server"), e.message);
@@ -271,6 +283,11 @@ impl Conn {
                         failed = true;
                     }
                 }
+            }
+            if one {
+                // At ack = one the replicas that answered are enough: a silent one is not waited
+                // for (it may then lack the write until a repair brings it over).
+                break true;
             }
             if failed {
                 tokio::time::sleep(RETRY_PAUSE).await;
