@@ -833,8 +833,9 @@ def connect(
     of a cluster must use the same order.
 
     `timeout`: seconds per request; `call_timeout`: seconds per call at most, every retry and failover included;
-    `ack`: replicas that must acknowledge a write ("all", "majority", "one"; each partition's primary orders its
-    writes and answers once every replica applied them, so today every level gets what "all" promises);
+    `ack`: "all" (the default; "majority" is the same today): each partition's primary orders its writes and answers
+    once every replica applied them, waiting for a silent replica's fail-over; "one": the first replica up takes the
+    write and answers without waiting for a silent one (available while a replica is down; docs/replication.md);
     `consistency`: what a read of an open version may return: "linearizable" (the default: from the partition's
     primary, never missing a write that returned before the read began) or "replica" (spread over the replicas:
     every acknowledged write, but a write still in flight may show at one replica before another; docs/replication.md);
