@@ -363,6 +363,8 @@ fn a_move_that_cannot_finish_is_undone() {
     c.put("t", Keys::Slices(&slices(&names)), ValuesRef::I64(&vals), 0)
         .unwrap();
     let before = c.epoch();
+    // A move is refused until the group has formed (it answers "retry when ... names a leader").
+    wait_group(&c, 3);
     let starved = Server::start(&["--table-memory", "64KiB"]);
     let mut to = cluster.addrs();
     to.push(starved.addr.clone());

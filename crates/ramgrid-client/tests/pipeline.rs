@@ -196,6 +196,9 @@ fn reads_spread_over_replicas_when_every_replica_holds_the_data() {
     let c = cluster.client();
     c.create_table("t", 1, 2, ValueType::F64).unwrap();
     let model = load(&c, "t", 10);
+    // Sealed, the current version is the same on every replica (a fresh table's is open).
+    c.seal_version("t", c.current_version("t").unwrap())
+        .unwrap();
     in_some_round(|| {
         let c = Client::new(cluster.config()).unwrap();
         let before = [gets(&c, 0), gets(&c, 1)];

@@ -79,12 +79,16 @@ fn a_scan_reads_the_replica_it_prefers_where_every_replica_holds_the_data() {
     c.create_table("t", PARTS, 2, ramgrid_client::ValueType::F64)
         .unwrap();
     load(&c, "t", 0);
+    // Sealed: the current version is then the same on every replica (a fresh table's is open, and
+    // an open version is read from its primary).
+    c.seal_version("t", c.current_version("t").unwrap())
+        .unwrap();
     let addrs = cluster.addrs();
     let owners = c.partition_owners("t").unwrap();
     let want: Vec<Vec<f64>> = (0..PARTS).map(|p| expected(&c, "t", p)).collect();
 
-    // ack = all (the default): every replica holds what the client wrote. Each partition is read
-    // twice, preferring each of its replicas; every page comes from the preferred one.
+    // A sealed version: every replica holds it. Each partition is read twice, preferring each of
+    // its replicas; every page comes from the preferred one.
     let reader = Client::new(cluster.config()).unwrap();
     for (s, addr) in addrs.iter().enumerate() {
         let before = all_pages(&reader, 3);
@@ -103,8 +107,8 @@ fn a_scan_reads_the_replica_it_prefers_where_every_replica_holds_the_data() {
         assert_eq!(served.iter().sum::<u64>(), asked, "{served:?}");
     }
 
-    // ack = one, an open version: a replica may lag behind this client's writes, so the scan
-    // keeps today's rule (the primary first) whatever it prefers.
+    // An open version: only its primary is sure to show every write (a backup may show one in
+    // flight), so the scan reads the primary whatever it prefers.
     let mut config = cluster.config();
     config.ack = Ack::One;
     let one = Client::new(config).unwrap();

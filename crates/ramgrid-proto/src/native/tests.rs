@@ -352,7 +352,7 @@ fn header_errors_are_distinct_and_early() {
     };
     assert_eq!(with(1, 2), Err(FrameError::UnsupportedVersion(2)));
     assert_eq!(with(2, 0x42), Err(FrameError::UnknownOpcode(0x42)));
-    assert_eq!(with(3, 0x04), Err(FrameError::BadFlags(0x04)));
+    assert_eq!(with(3, 0x08), Err(FrameError::BadFlags(0x08)));
     // A huge announced body is refused from the header alone, before any of it arrives.
     assert_eq!(
         with(7, 0x80),
