@@ -65,14 +65,14 @@ def _raw_forward(
         s.sendall(struct.pack("<BBBBIQ", 0xA7, 1, 0x01, 0, len(hello_body), 1) + hello_body)
         s.sendall(struct.pack("<BBBBIQ", 0xA7, 1, 0x31, 0x02, len(body), 2) + body)
         got = b""
-        while len(got) < 32:
+
+        def whole(at: int) -> bool:  # a whole frame starts at `at`
+            return len(got) >= at + 16 and len(got) >= at + 16 + struct.unpack_from("<I", got, at + 4)[0]
+
+        while not (whole(0) and whole(16 + struct.unpack_from("<I", got, 4)[0])):
             chunk = s.recv(4096)
             assert chunk, "connection closed"
             got += chunk
-            if len(got) >= 16:
-                first = 16 + struct.unpack_from("<I", got, 4)[0]
-                if len(got) >= first + 16 and len(got) >= first + 16 + struct.unpack_from("<I", got, first + 4)[0]:
-                    break
         first = 16 + struct.unpack_from("<I", got, 4)[0]
         assert got[first + 16] == 0, f"the forward was refused: {got[first:]!r}"
 
