@@ -410,6 +410,22 @@ impl Client {
     pub(crate) fn current_sealed(&self, table: &str) -> bool {
         let incarnation = self.table_meta(table).map_or(0, |m| m.incarnation);
         let key = (format!("{table}\u{0}{incarnation:016x}"), 0);
+        self.sealed_everywhere(table, key, |t| t.current_version)
+    }
+
+    /// Whether `version` of `table` is sealed on every server (remembered once true).
+    pub(crate) fn version_sealed(&self, table: &str, version: u32) -> bool {
+        self.sealed_everywhere(table, (table.to_string(), version), |_| version)
+    }
+
+    /// Whether every server holds the version `which` names in its DESCRIBE_TABLE answer, sealed;
+    /// remembered under `key` for good once true, for a second when false.
+    fn sealed_everywhere(
+        &self,
+        table: &str,
+        key: (String, u32),
+        which: impl Fn(&TableInfo) -> u32,
+    ) -> bool {
         match self.inner.sealed.lock().get(&key) {
             Some(None) => return true,
             Some(Some(at)) if at.elapsed() < UNSEALED_RECHECK => return false,
@@ -420,35 +436,9 @@ impl Client {
             Ok(infos) => {
                 infos.len() == topo.pools.len()
                     && infos.iter().all(|t| {
-                        t.versions
-                            .iter()
-                            .any(|v| v.number == t.current_version && v.sealed)
+                        let v = which(t);
+                        t.versions.iter().any(|x| x.number == v && x.sealed)
                     })
-            }
-            Err(_) => false,
-        };
-        self.inner
-            .sealed
-            .lock()
-            .insert(key, if sealed { None } else { Some(Instant::now()) });
-        sealed
-    }
-
-    /// Whether `version` of `table` is sealed on every server (remembered once true).
-    pub(crate) fn version_sealed(&self, table: &str, version: u32) -> bool {
-        let key = (table.to_string(), version);
-        match self.inner.sealed.lock().get(&key) {
-            Some(None) => return true,
-            Some(Some(at)) if at.elapsed() < UNSEALED_RECHECK => return false,
-            _ => {}
-        }
-        let topo = self.topology();
-        let sealed = match self.describe_all(&topo, table) {
-            Ok(infos) => {
-                infos.len() == topo.pools.len()
-                    && infos
-                        .iter()
-                        .all(|t| t.versions.iter().any(|v| v.number == version && v.sealed))
             }
             Err(_) => false,
         };

@@ -84,16 +84,21 @@ impl<'a> KeyBatch<'a> {
         put_u32(p.out, self.version);
         put_u64(p.out, epoch);
         put_u64(p.out, self.incarnation);
-        let count_at = p.out.len();
-        put_u32(p.out, 0);
-        let mut count = 0u32;
-        for g in groups {
-            p.out.extend_from_slice(g.raw);
-            count += 1;
-        }
-        patch_u32(p.out, count_at, count);
+        put_raw_groups(p.out, groups.into_iter().map(|g| g.raw));
         p.finish()
     }
+}
+
+/// Appends a group count and the groups `raws` as they were on the wire (a forward's groups).
+pub(super) fn put_raw_groups<'g>(out: &mut Vec<u8>, raws: impl Iterator<Item = &'g [u8]>) {
+    let count_at = out.len();
+    put_u32(out, 0);
+    let mut count = 0u32;
+    for raw in raws {
+        out.extend_from_slice(raw);
+        count += 1;
+    }
+    patch_u32(out, count_at, count);
 }
 
 /// The validated groups of a [`KeyBatch`].

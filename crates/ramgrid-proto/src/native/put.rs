@@ -144,14 +144,7 @@ impl<'a> Put<'a> {
         put_u64(p.out, epoch);
         put_u64(p.out, self.incarnation);
         wire::put_value_type(p.out, self.value_type)?;
-        let count_at = p.out.len();
-        put_u32(p.out, 0);
-        let mut count = 0u32;
-        for g in groups {
-            p.out.extend_from_slice(g.raw);
-            count += 1;
-        }
-        patch_u32(p.out, count_at, count);
+        super::data::put_raw_groups(p.out, groups.into_iter().map(|g| g.raw));
         if self.merge != Merge::Store {
             put_u8(p.out, self.merge as u8);
         }

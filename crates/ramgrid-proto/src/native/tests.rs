@@ -567,3 +567,69 @@ fn kmeans_step_without_components_or_centroids_is_malformed() {
         Err(FrameError::Malformed("centroids"))
     ));
 }
+
+#[test]
+fn a_forward_carries_the_groups_asked_for_under_the_primarys_epoch() {
+    let mut out = Vec::new();
+    let mut w = PutWriter::begin(&mut out, 7, "t", 3, 11, ValueType::I64).unwrap();
+    w.set_incarnation(99);
+    w.set_merge(Merge::Add);
+    w.set_ack_one();
+    for p in 0..3u32 {
+        let keys = [format!("k{p}a"), format!("k{p}b")];
+        w.group_i64(
+            p,
+            keys.iter().map(|k| k.as_bytes()),
+            &[p as i64, 10 + p as i64],
+        )
+        .unwrap();
+    }
+    w.finish().unwrap();
+    let (frame, _) = parse_frame(&out, 1 << 20).unwrap();
+    assert_eq!(frame.flags, FLAG_ACK_ONE);
+    let Request::Put(put) = Request::decode(&frame).unwrap() else {
+        panic!("not a PUT")
+    };
+    let groups: Vec<PutGroup<'_>> = put.groups.iter().collect();
+    let mut fwd = Vec::new();
+    put.encode_replica(&mut fwd, 42, 12, [&groups[0], &groups[2]])
+        .unwrap();
+    let (f2, used) = parse_frame(&fwd, 1 << 20).unwrap();
+    assert_eq!(
+        (f2.flags, f2.request_id, used),
+        (FLAG_REPLICA, 42, fwd.len())
+    );
+    let Request::Put(p2) = Request::decode(&f2).unwrap() else {
+        panic!("not a PUT")
+    };
+    assert_eq!(
+        (p2.table, p2.version, p2.epoch, p2.incarnation),
+        ("t", 3, 12, 99)
+    );
+    assert_eq!(p2.merge, Merge::Add);
+    let parts: Vec<u32> = p2.groups.iter().map(|g| g.partition).collect();
+    assert_eq!(parts, [0, 2]);
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> =
+        p2.pairs().map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
+    assert_eq!(pairs[2], (b"k2a".to_vec(), 2i64.to_le_bytes().to_vec()));
+
+    // A DELETE's forward the same way.
+    let mut out = Vec::new();
+    let mut d = KeyBatchWriter::begin(&mut out, Opcode::Delete, 1, "t", 3, 11).unwrap();
+    d.group(4, [b"x".as_slice(), b"y".as_slice()]).unwrap();
+    d.group(5, [b"z".as_slice()]).unwrap();
+    d.finish().unwrap();
+    let (frame, _) = parse_frame(&out, 1 << 20).unwrap();
+    let Request::Delete(b) = Request::decode(&frame).unwrap() else {
+        panic!("not a DELETE")
+    };
+    let groups: Vec<KeyGroup<'_>> = b.groups.iter().collect();
+    let mut fwd = Vec::new();
+    b.encode_replica(&mut fwd, 2, 12, [&groups[1]]).unwrap();
+    let (f2, _) = parse_frame(&fwd, 1 << 20).unwrap();
+    let Request::Delete(b2) = Request::decode(&f2).unwrap() else {
+        panic!("not a DELETE")
+    };
+    assert_eq!(f2.flags, FLAG_REPLICA);
+    assert_eq!(b2.keys().collect::<Vec<_>>(), [b"z".as_slice()]);
+}
