@@ -5,7 +5,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ramgrid_proto::native::{parse_frame, FrameError, Request, Response};
+use ramgrid_proto::native::{
+    parse_frame, FrameError, Request, Response, FLAG_ACK_ONE, FLAG_REPLICA,
+};
 
 fuzz_target!(|data: &[u8]| {
     let mut rest = data;
@@ -16,10 +18,13 @@ fuzz_target!(|data: &[u8]| {
                 if frame.is_response() {
                     let _ = Response::decode(&frame);
                 } else if let Ok(req) = Request::decode(&frame) {
-                    // A request that decodes re-encodes to exactly the bytes it came from.
+                    // A request that decodes re-encodes to exactly the bytes it came from, but for
+                    // the flags a PUT or DELETE may carry (the frame's, not the body's).
                     let mut out = Vec::new();
                     req.encode(&mut out, frame.request_id).expect("a decoded request re-encodes");
-                    assert_eq!(&out[..], &rest[..used], "decode then encode changed the frame");
+                    let mut want = rest[..used].to_vec();
+                    want[3] &= !(FLAG_REPLICA | FLAG_ACK_ONE);
+                    assert_eq!(out, want, "decode then encode changed the frame");
                 }
                 rest = &rest[used..];
             }

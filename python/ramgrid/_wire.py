@@ -214,7 +214,8 @@ def parse_frame(buf: bytes, max_body: int) -> tuple[str, bool, int, bytes, int]:
         raise WireError("unsupported_version", str(version))
     if op not in OPCODE_NAMES:
         raise WireError("unknown_opcode", hex(op))
-    if flags & ~(FLAG_RESPONSE | FLAG_REPLICA | FLAG_ACK_ONE):
+    write = OPCODE_NAMES[op] in ("PUT", "DELETE") and not flags & FLAG_RESPONSE
+    if flags & ~(FLAG_RESPONSE | FLAG_REPLICA | FLAG_ACK_ONE) or (not write and flags & (FLAG_REPLICA | FLAG_ACK_ONE)):
         raise WireError("bad_flags", hex(flags))
     if length > max_body:
         raise WireError("body_too_large", str(length))

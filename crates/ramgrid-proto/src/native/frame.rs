@@ -187,7 +187,9 @@ pub fn parse_frame(buf: &[u8], max_body: usize) -> Result<(Frame<'_>, usize), Fr
     }
     let opcode = Opcode::from_u8(h[2]).ok_or(FrameError::UnknownOpcode(h[2]))?;
     let flags = h[3];
-    if flags & !KNOWN_FLAGS != 0 {
+    // REPLICA and ACK_ONE belong to PUT and DELETE requests only.
+    let write = matches!(opcode, Opcode::Put | Opcode::Delete) && flags & FLAG_RESPONSE == 0;
+    if flags & !KNOWN_FLAGS != 0 || (!write && flags & (FLAG_REPLICA | FLAG_ACK_ONE) != 0) {
         return Err(FrameError::BadFlags(flags));
     }
     let len = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
