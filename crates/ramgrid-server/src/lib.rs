@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod native;
 pub mod node;
 pub mod peer;
+pub mod peer_pool;
 pub mod persist;
 pub mod repair;
 pub mod replicate;

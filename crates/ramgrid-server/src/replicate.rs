@@ -35,7 +35,7 @@ use ramgrid_proto::native::Response;
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
-use crate::meta::transport::{CallError, Pool};
+use crate::peer_pool::{CallError, Pool};
 
 /// How long one forward may take before it is tried again.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(2);

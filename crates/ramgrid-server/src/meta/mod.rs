@@ -41,7 +41,7 @@ use ramgrid_proto::native::{self as wire, ErrorReply, Opcode, Request, Response,
 use tokio::time::Instant;
 
 use crate::node::Node;
-use transport::Pool;
+use crate::peer_pool::Pool;
 
 /// How often the keeper looks at the lease, the group and (on the leader) the servers.
 const TICK: Duration = Duration::from_millis(100);
