@@ -455,14 +455,9 @@ class Table(_Operators, _Reader, _Scans, _Reduce):
         "agreed" (partitions whose replicas all answered and agree), "items", "differ": {partition: {server: (items,
         digest)}}, "unanswered": [(partition, server, why)]}. A difference is looked at three times, 0.2 s apart,
         before it is reported, so writes in flight are not taken for one (docs/replication.md)."""
-        v, agreed, items, differ, unanswered = self._client().verify(self.name, int(version or 0))
-        return {
-            "version": v,
-            "agreed": agreed,
-            "items": items,
-            "differ": {p: {s: (n, d) for s, n, d in reps} for p, reps in differ},
-            "unanswered": [tuple(u) for u in unanswered],
-        }
+        from ramgrid.verify import verify_table
+
+        return verify_table(self._client(), self.name, version)
 
     def drop_version(self, version: int) -> None:
         """Frees an old version. The current version cannot be dropped (the servers refuse it)."""

@@ -171,7 +171,7 @@ impl Conn {
         let (table, version, epoch, incarnation) = w.head();
         let groups = w.groups();
         // Checked whole first: a refusal here did nothing (the client may send it again).
-        let (tv, targets) = {
+        let (tv, first) = {
             let cluster = state.cluster.read();
             check_epoch(&cluster, epoch, true)?;
             state.check_quorum()?;
@@ -188,9 +188,9 @@ impl Conn {
                 }
             }
             drop(cluster);
-            (tv.clone(), backups(state, &groups, tv.spec(), one)?.1)
+            (tv.clone(), backups(state, &groups, tv.spec(), one)?)
         };
-        if targets.iter().all(Vec::is_empty) {
+        if first.1.iter().all(Vec::is_empty) {
             // The only replica: nothing to order against.
             let cluster = state.cluster.read();
             check_epoch(&cluster, epoch, true)?;
@@ -221,10 +221,16 @@ impl Conn {
         };
         let give_up = Instant::now() + patience;
         let write_id = repl.write_id();
+        // The first round goes to the replicas found by the check above.
+        let mut plan = Some(first);
         let complete = loop {
             // Who must still apply it, under the spec installed now: a replica failed over since
             // is no longer asked, a replica added since is.
-            let (epoch, targets) = match backups(state, &groups, tv.spec(), one) {
+            let found = match plan.take() {
+                Some(p) => Ok(p),
+                None => backups(state, &groups, tv.spec(), one),
+            };
+            let (epoch, targets) = match found {
                 Ok(t) => t,
                 Err(e) => {
                     trouble.insert(String::from("this server"), e.message);
