@@ -89,6 +89,32 @@ impl Client {
         Ok(out)
     }
 
+    /// `Some((server, its refusal, the failure timeout))` when every live server of the spec says
+    /// it is cut off from a majority of the metadata group (CLUSTER_STATUS `quorum lost ...`);
+    /// `None` when any is in reach of a leader, outside a group, or none answered.
+    pub(crate) fn quorum_lost(&self) -> Option<(String, String, Duration)> {
+        let topo = self.topology();
+        let mut lost = None;
+        for pool in topo.pools.iter().filter(|p| !p.is_down()) {
+            let Ok(status) = self.server_status(&pool.addr) else {
+                continue;
+            };
+            let quorum = status
+                .get("quorum")
+                .map(String::as_str)
+                .unwrap_or("no-group");
+            let Some(why) = quorum.strip_prefix("lost ") else {
+                return None;
+            };
+            let timeout = status
+                .get("failure_timeout_ms")
+                .and_then(|t| t.parse().ok())
+                .map_or(Duration::from_secs(5), Duration::from_millis);
+            lost.get_or_insert((pool.addr.clone(), why.to_owned(), timeout));
+        }
+        lost
+    }
+
     /// METRICS of one server: its Prometheus text exposition (server-wide and per-table figures).
     pub fn server_metrics(&self, addr: &str) -> Result<String> {
         let pool = self.pool_for(addr);

@@ -107,6 +107,8 @@ impl Client {
             // Keys whose primary is down wait (unsent) for its fail-over or its return.
             let wait_until = deadline::after(PRIMARY_WAIT);
             let mut pause = Duration::from_millis(50);
+            // Since when every live server has said the metadata group lost its majority.
+            let mut lost_since: Option<Instant> = None;
             loop {
                 let patient = Instant::now() + pause < wait_until;
                 let r =
@@ -151,6 +153,22 @@ impl Client {
                                 pause = (pause * 2).min(Duration::from_millis(500));
                                 // A fail-over names another primary in a new spec.
                                 let _ = self.refresh_spec();
+                                // Without a majority no fail-over comes: once every live server
+                                // has said so for twice the failure timeout (an election and a
+                                // fail-over would have happened by then), the write is refused.
+                                match self.quorum_lost() {
+                                    Some((server, message, timeout)) => {
+                                        let since = *lost_since.get_or_insert_with(Instant::now);
+                                        if since.elapsed() >= 2 * timeout {
+                                            return Err(Error::Server {
+                                                server,
+                                                status: "NO_QUORUM",
+                                                message,
+                                            });
+                                        }
+                                    }
+                                    None => lost_since = None,
+                                }
                             }
                         }
                     }
