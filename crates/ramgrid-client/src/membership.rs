@@ -103,9 +103,8 @@ impl Client {
                 .get("quorum")
                 .map(String::as_str)
                 .unwrap_or("no-group");
-            let Some(why) = quorum.strip_prefix("lost ") else {
-                return None;
-            };
+            // In reach of a leader, or outside a group: a fail-over may still come.
+            let why = quorum.strip_prefix("lost ")?;
             let timeout = status
                 .get("failure_timeout_ms")
                 .and_then(|t| t.parse().ok())
