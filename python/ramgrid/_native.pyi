@@ -110,6 +110,9 @@ class Client:
     def replace_server(self, dead: str, new: str) -> dict[str, Any]:
         """Puts the running, empty server `new` in the place of `dead` (failed over first if silent); the move
         report (as add_server)."""
+    def recover(self) -> dict[str, Any]:
+        """Rebuilds the metadata group from the live servers after it lost its majority for good: {"generation",
+        "leader", "joined", "dead", "lost": {table: [partitions]}, "unsettled"}."""
     def cluster_status(self) -> list[dict[str, Any]]:
         """Per server of the spec: {"server": addr, "ok", "error", "server_id", "epoch", "pending_partitions",
         "copied_partitions", "copied_bytes", ...}."""

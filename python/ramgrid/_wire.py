@@ -35,6 +35,7 @@ OPCODES = {
     "CLUSTER_STATUS": 0x23,
     "RAFT": 0x24,
     "DIGEST": 0x25,
+    "RECOVER": 0x26,
     "GET": 0x30,
     "PUT": 0x31,
     "DELETE": 0x32,
@@ -63,6 +64,7 @@ STATUSES = [
     "INDETERMINATE",
 ]
 DIGEST_STATES = ["held", "not_held", "copying"]
+RECOVER_MODES = {"lead": 1, "join": 2}
 KEY_STATUSES = ["OK", "NOT_FOUND", "KEY_TOO_LARGE", "VALUE_TOO_LARGE", "WRONG_TYPE", "OUT_OF_MEMORY"]
 VALUE_KINDS = ["bytes", "i64", "f64", "f32vec"]
 MAX_NAME_LEN = 255
@@ -293,6 +295,8 @@ def encode_request_body(opcode: str, f: dict) -> bytes:
         return _b32(bytes.fromhex(f["spec_hex"]))
     if opcode == "RAFT":
         return _b32(f["message"].encode())
+    if opcode == "RECOVER":
+        return _u8(RECOVER_MODES[f["mode"]]) + _u64(f["generation"])
     if opcode == "DIGEST":
         parts = f["partitions"]
         return _s16(f["table"]) + _u32(f["version"]) + _u32(len(parts)) + b"".join(_u32(p) for p in parts)
@@ -361,6 +365,12 @@ def decode_request_body(opcode: str, body: bytes) -> dict:
             f = {"message": r.bytes32("raft message").decode()}
         except UnicodeDecodeError:
             raise WireError("malformed", "raft message") from None
+    elif opcode == "RECOVER":
+        mode = r.u8("recover mode")
+        names = {v: k for k, v in RECOVER_MODES.items()}
+        if mode not in names:
+            raise WireError("malformed", "recover mode")
+        f = {"mode": names[mode], "generation": r.u64("generation")}
     elif opcode == "DIGEST":
         f = {"table": r.name(), "version": r.u32("version")}
         f["partitions"] = [r.u32("partition") for _ in range(r.u32("partition count"))]
@@ -417,7 +427,7 @@ def encode_response_body(opcode: str, f: dict) -> bytes:
     if opcode == "EXPORT_PARTITION":
         head = _u64(f["export_id"]) + _u64(f["total"]) + _u8(int(f["sealed"]))
         return out + head + _b32(bytes.fromhex(f["chunk_hex"]))
-    if opcode in ("CLUSTER_STATUS", "METRICS"):
+    if opcode in ("CLUSTER_STATUS", "RECOVER", "METRICS"):
         return out + _b32(f["text"].encode())
     if opcode == "RAFT":
         return out + _b32(f["message"].encode())
@@ -481,8 +491,8 @@ def decode_response_body(opcode: str, body: bytes) -> dict:
             raise WireError("malformed", "sealed")
         f["sealed"] = bool(sealed)
         f["chunk_hex"] = r.bytes32("chunk").hex()
-    elif opcode in ("CLUSTER_STATUS", "METRICS"):
-        what = "status" if opcode == "CLUSTER_STATUS" else "metrics"
+    elif opcode in ("CLUSTER_STATUS", "RECOVER", "METRICS"):
+        what = "metrics" if opcode == "METRICS" else "status"
         try:
             f["text"] = r.bytes32(what).decode()
         except UnicodeDecodeError:

@@ -87,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(rp, top=False)
     rp.add_argument("addr", metavar="DEAD", help="the host:port of the server to replace")
     rp.add_argument("new", metavar="NEW", help="the host:port of the running, empty server that takes its place")
+    rc_help = (
+        "rebuild the control plane from the live servers after a majority of its voters died for good "
+        "(refused while a majority answers); reports the partitions no live server holds"
+    )
+    rc = clsub.add_parser("recover", help=rc_help, description=rc_help)
+    _common(rc, top=False)
 
     tb = add("table", "create, drop, list, describe or verify tables")
     tbsub = tb.add_subparsers(dest="action", metavar="ACTION")
@@ -419,6 +425,25 @@ def cmd_cluster_move(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster_recover(args: argparse.Namespace) -> int:
+    """`cluster recover`: the metadata group rebuilt from the live servers; exit 1 if some data is lost."""
+    grid = _grid(args)
+    try:
+        report = grid.recover()
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    finally:
+        grid.close()
+    print(f"metadata group rebuilt from {report['leader']} (generation {report['generation']})")
+    print(f"joined: {', '.join(report['joined']) or 'none'}")
+    print(f"dead (failed over next): {', '.join(report['dead']) or 'none'}")
+    if report["unsettled"]:
+        print(f"not in the new group yet: {', '.join(report['unsettled'])}")
+    for table, parts in sorted(report["lost"].items()):
+        print(f"lost: table {table}: partitions {','.join(map(str, parts))} (no live replica)")
+    return 1 if report["lost"] else 0
+
+
 # tables and keys
 
 
@@ -604,6 +629,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("cluster", "add"): cmd_cluster_move,
         ("cluster", "remove"): cmd_cluster_move,
         ("cluster", "replace"): cmd_cluster_move,
+        ("cluster", "recover"): cmd_cluster_recover,
     }
     action = str(getattr(args, "action", ""))
     if (args.command, action) in handlers:

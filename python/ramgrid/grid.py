@@ -239,6 +239,26 @@ class Grid:
         report = dict(self._client().replace_server(str(dead), str(new)))
         return _logged_move(f"replaced {dead} with", new, report)
 
+    def recover(self) -> dict[str, Any]:
+        """Rebuilds the control plane after it lost its majority for good (a majority of its voters died with their
+        state; docs/control-plane.md, "Recovering a lost majority"). The live server that applied the most of the
+        group's log forms a new group from its metadata (spec, tables, versions) and the other live servers join
+        it; the servers that do not answer are then failed over as usual, and one of them that comes back later
+        joins the new group by itself. Only for servers that are gone: one merely cut off, with a majority on its
+        side, would go on deciding there. Returns {"generation": the new group's, "leader": address, "joined":
+        [addresses], "dead": [addresses that did not answer], "lost": {table: [partitions every replica of which
+        is dead]}, "unsettled": [live servers not in the new group after 30 s]}. Raises ValueError while a
+        majority answers (nothing to recover) or when no server answers."""
+        report = dict(self._client().recover())
+        log.warning(
+            "recovered the metadata group (generation %s) from %s; dead: %s; partitions lost: %s",
+            report["generation"],
+            report["leader"],
+            ", ".join(report["dead"]) or "none",
+            report["lost"] or "none",
+        )
+        return report
+
     def status(self) -> list[dict[str, Any]]:
         """Each server's view of the cluster (CLUSTER_STATUS), in spec order (both ends of a move in progress):
         {"server": address, "ok": bool, "error": str | None, "server_id", "epoch": int, "servers": str,

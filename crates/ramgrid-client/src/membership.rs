@@ -53,7 +53,7 @@ pub const DOWN_WAIT: Duration = Duration::from_secs(30);
 const VOTER_WAIT: Duration = Duration::from_secs(10);
 
 impl Client {
-    fn pool_for(&self, addr: &str) -> Arc<Pool> {
+    pub(crate) fn pool_for(&self, addr: &str) -> Arc<Pool> {
         self.inner
             .pools
             .lock()

@@ -70,6 +70,11 @@ pub struct MetaState {
     /// copies in everything it holds again (what it had may have missed writes).
     #[serde(default)]
     pub failures: BTreeMap<String, u64>,
+    /// How many times the group was rebuilt from survivors after losing its majority
+    /// ([`MetaCommand::Restore`]); 0 for the group formed first. A server that reports a lower
+    /// generation while in a group belongs to a group that was given up, and is reset.
+    #[serde(default)]
+    pub generation: u64,
 }
 
 /// A change to the metadata, proposed through Raft and applied on every node.
@@ -150,6 +155,16 @@ pub enum MetaCommand {
         incarnation: u64,
         /// A version already created (1..=high_water).
         version: u32,
+    },
+    /// The first command of a group rebuilt from a survivor after the old group lost its
+    /// majority for good (`ramgrid cluster recover`): everything but the members (the new
+    /// group's own) becomes `state`'s, and the generation becomes `generation`. Refused unless
+    /// `generation` is above the current one, so a repeat changes nothing.
+    Restore {
+        /// The survivor's applied state.
+        state: Box<MetaState>,
+        /// The new group's generation (above the old group's).
+        generation: u64,
     },
 }
 
@@ -236,6 +251,14 @@ pub enum MetaRefusal {
         /// The table's high-water mark.
         high_water: u32,
     },
+    /// `Restore` to a generation not above the current one.
+    #[error("the group is at generation {current}, not below {generation}")]
+    StaleGeneration {
+        /// The generation named.
+        generation: u64,
+        /// The group's.
+        current: u64,
+    },
     /// `SetCurrent` to a version never created (0 or above the high-water mark).
     #[error("table {name:?}: version {version} was never created (high-water mark {high_water})")]
     VersionNotCreated {
@@ -258,6 +281,21 @@ impl MetaState {
     /// Apply one command: all of it, or nothing and a refusal.
     pub fn apply(&mut self, cmd: &MetaCommand) -> Result<MetaReply, MetaRefusal> {
         match cmd {
+            MetaCommand::Restore { state, generation } => {
+                if *generation <= self.generation {
+                    return Err(MetaRefusal::StaleGeneration {
+                        generation: *generation,
+                        current: self.generation,
+                    });
+                }
+                let members = std::mem::take(&mut self.members);
+                *self = MetaState {
+                    members,
+                    generation: *generation,
+                    ..(**state).clone()
+                };
+                Ok(MetaReply::Epoch(self.epoch()))
+            }
             MetaCommand::SetServers {
                 servers,
                 expect_epoch,
@@ -921,5 +959,52 @@ mod tests {
         );
         let back: MetaState = serde_json::from_slice(&serde_json::to_vec(&st).unwrap()).unwrap();
         assert_eq!(back, st);
+    }
+
+    #[test]
+    fn restore_keeps_the_new_groups_members_takes_the_rest_and_only_raises_the_generation() {
+        let mut old = MetaState::default();
+        run(&mut old, set(&["a:1", "b:2", "c:3"], Some(0))).unwrap();
+        let create = MetaCommand::CreateTable {
+            name: "t".into(),
+            incarnation: 7,
+            spec: vec![1, 2],
+        };
+        run(&mut old, create).unwrap();
+        old.members.insert(
+            1,
+            Member {
+                addr: "a:1".into(),
+                voter: true,
+            },
+        );
+        let mut fresh = MetaState::default();
+        fresh.members.insert(
+            9,
+            Member {
+                addr: "a:1".into(),
+                voter: true,
+            },
+        );
+        let restore = |generation| MetaCommand::Restore {
+            state: Box::new(old.clone()),
+            generation,
+        };
+        assert_eq!(
+            run(&mut fresh, restore(1)),
+            Ok(MetaReply::Epoch(old.epoch()))
+        );
+        assert_eq!(fresh.servers, old.servers);
+        assert_eq!(fresh.tables, old.tables);
+        assert_eq!(fresh.generation, 1);
+        assert_eq!(fresh.members.keys().copied().collect::<Vec<_>>(), vec![9]);
+        // A repeat (or an older survivor's) changes nothing.
+        assert_eq!(
+            run(&mut fresh, restore(1)),
+            Err(MetaRefusal::StaleGeneration {
+                generation: 1,
+                current: 1
+            })
+        );
     }
 }

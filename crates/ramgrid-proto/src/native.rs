@@ -38,7 +38,7 @@ pub use frame::{
     FLAG_RESPONSE, HEADER_LEN, MAGIC, PROTOCOL_VERSION,
 };
 pub use get_reply::{GetReply, GetReplyIter, GetReplyWriter, KeyStatusWriter, KeyStatuses};
-pub use message::{encode_error, Request, Response};
+pub use message::{encode_error, RecoverMode, Request, Response};
 pub use ops::{
     encode_op, f64_bytes, F64s, OpKind, OpReply, OpRequest, Operator, Outcome, Partial, Predicate,
     Stats, U32s, MAX_HISTOGRAM_BINS, MAX_OP_PARTITIONS,

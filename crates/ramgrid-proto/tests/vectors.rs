@@ -334,6 +334,13 @@ fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
                 Opcode::SetSpec => Request::SetSpec { spec: &spec },
                 Opcode::GetSpec => Request::GetSpec,
                 Opcode::ClusterStatus => Request::ClusterStatus,
+                Opcode::Recover => Request::Recover {
+                    mode: match s(&f["mode"]) {
+                        "lead" => RecoverMode::Lead,
+                        _ => RecoverMode::Join,
+                    },
+                    generation: u(&f["generation"]),
+                },
                 Opcode::Digest => Request::Digest(DigestRequest::new(
                     s(&f["table"]),
                     u32_(&f["version"]),
@@ -477,7 +484,7 @@ fn encode_response(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
             sealed: f["sealed"].as_bool().expect("bool"),
             chunk: &chunk,
         }),
-        Opcode::ClusterStatus => Response::Status(s(&f["text"])),
+        Opcode::ClusterStatus | Opcode::Recover => Response::Status(s(&f["text"])),
         Opcode::Raft => Response::Raft(s(&f["message"]).as_bytes()),
         Opcode::Digest => {
             let entries: Vec<PartitionDigest> = arr(&f["digests"])
@@ -535,6 +542,10 @@ fn request_json(req: &Request<'_>) -> Value {
         | Request::Metrics => json!({}),
         Request::Raft { message } => json!({
             "message": std::str::from_utf8(message).expect("RAFT vectors carry text"),
+        }),
+        Request::Recover { mode, generation } => json!({
+            "mode": match mode { RecoverMode::Lead => "lead", RecoverMode::Join => "join" },
+            "generation": generation,
         }),
         Request::Digest(d) => json!({
             "table": d.table, "version": d.version,

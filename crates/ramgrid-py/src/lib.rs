@@ -529,6 +529,22 @@ impl Client {
         move_report_dict(py, &report)
     }
 
+    /// Rebuilds the metadata group from the live servers after it lost its majority for good:
+    /// {"generation", "leader", "joined", "dead", "lost": {table: [partitions]}, "unsettled"}.
+    fn recover<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let r = py
+            .allow_threads(|| self.inner.recover())
+            .map_err(|e| to_py(py, e))?;
+        let d = PyDict::new(py);
+        d.set_item("generation", r.generation)?;
+        d.set_item("leader", r.leader)?;
+        d.set_item("joined", r.joined)?;
+        d.set_item("dead", r.dead)?;
+        d.set_item("lost", r.lost)?;
+        d.set_item("unsettled", r.unsettled)?;
+        Ok(d)
+    }
+
     /// CLUSTER_STATUS of every server of the spec (both ends of a move in progress), in order:
     /// {"server": addr, "ok": bool, "error": str | None, <key>: value...}.
     fn cluster_status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {

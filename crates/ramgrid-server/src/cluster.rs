@@ -217,6 +217,33 @@ pub fn check_epoch(
     Err(ErrorReply::wrong_epoch(c.epoch))
 }
 
+/// Pending partitions of `name` that no other server of the spec holds a replica of: nothing
+/// to copy them from (every replica they had was failed over, as after `cluster recover` with
+/// data lost). They stay pending, never served empty, until the table is dropped or a server
+/// that holds them comes back; until then the leader begins no rejoin (it waits for every
+/// server to have nothing pending), which CLUSTER_STATUS shows as `stranded_partitions`.
+fn stranded_partitions(
+    state: &Node,
+    cluster: Option<&ClusterState>,
+    name: &str,
+    pending: &[ramgrid_store::tables::PendingVersion],
+) -> u64 {
+    let (Some(c), Ok(info)) = (cluster, state.tables.describe(name)) else {
+        return 0;
+    };
+    let map = PartitionMap::new(&c.spec, info.spec.partitions, info.spec.replication);
+    let members = c.spec.members();
+    let alone = |p: u32| {
+        map.replicas(p)
+            .iter()
+            .all(|&i| members[i as usize] == state.server_id)
+    };
+    pending
+        .iter()
+        .map(|v| v.partitions.iter().filter(|&&p| alone(p)).count() as u64)
+        .sum()
+}
+
 /// CLUSTER_STATUS: this server's view, one `key value` line each.
 pub fn status_text(state: &Node) -> String {
     use std::fmt::Write;
@@ -235,11 +262,12 @@ pub fn status_text(state: &Node) -> String {
             }
         }
     }
-    let (mut pending_parts, mut pending_versions) = (0u64, 0u64);
+    let (mut pending_parts, mut pending_versions, mut stranded) = (0u64, 0u64, 0u64);
     for name in state.tables.list() {
         if let Ok(p) = state.tables.pending(&name) {
             pending_versions += p.len() as u64;
             pending_parts += p.iter().map(|v| v.partitions.len() as u64).sum::<u64>();
+            stranded += stranded_partitions(state, cluster.as_ref(), &name, &p);
             for v in p {
                 let _ = writeln!(
                     s,
@@ -259,6 +287,7 @@ pub fn status_text(state: &Node) -> String {
     }
     let r = &state.repair;
     let _ = writeln!(s, "pending_partitions {pending_parts}");
+    let _ = writeln!(s, "stranded_partitions {stranded}");
     let _ = writeln!(s, "pending_versions {pending_versions}");
     let _ = writeln!(
         s,

@@ -168,6 +168,63 @@ def test_without_a_majority_pinned_reads_go_on_and_writes_are_refused(grid: Any)
     assert grid.health()["mode"] == "full service"
 
 
+def test_cluster_recover_rebuilds_the_group_from_the_survivor_and_a_dead_voter_rejoins_it(grid: Any) -> None:
+    """Two of three voters die for good: `recover` rebuilds the group from the survivor, reports the partitions no
+    live server holds, and brings writes and catalog changes back; a dead voter restarted later with its old state
+    directory (a group given up) is reset by the new leader and joins."""
+    whole = grid.create_table("whole", partitions=16, replication=3, value_type="i64")
+    whole.put_many(KEYS, KEYS * 2)
+    single = grid.create_table("single", partitions=8, replication=1, value_type="i64")
+    single.put_many(KEYS, KEYS)
+    dead = {grid.addresses[1], grid.addresses[2]}
+    on_dead = [p for p, o in enumerate(single.owners()) if o[0] in dead]
+    grid.wait_repaired()
+    with pytest.raises(ValueError, match="nothing to recover"):
+        grid.recover()  # a majority answers
+    grid.kill(1)
+    grid.kill(2)
+    time.sleep(3.0)  # past the lease: the survivor knows it has no majority
+    with pytest.raises(RamgridError, match="NO_QUORUM"):
+        whole.put_many(KEYS[:10], KEYS[:10] * 2)
+    start = time.monotonic()
+    report = grid.recover()
+    print(f"\nrecover: {report} in {time.monotonic() - start:.2f} s")
+    assert report["leader"] == grid.addresses[0] and report["joined"] == [], report
+    assert set(report["dead"]) == dead and report["unsettled"] == [], report
+    assert report["lost"] == {"single": on_dead}, report
+    with pytest.raises(ValueError, match="nothing to recover"):
+        grid.recover()  # done: the new group has its majority
+    _heals("majority lost for good, recovered", whole)
+    health = grid.health()
+    assert health["leader"] == grid.addresses[0] and health["mode"] == "full service", health
+    after = grid.create_table("after", partitions=4, replication=1, value_type="i64")
+    after.put_many(KEYS[:10], KEYS[:10])
+    # The lost partitions stay unavailable (never served empty), shown stranded: nothing holds them to copy from.
+    with pytest.raises(RamgridError, match="unavailable|REPAIRING"):
+        single.get_many(KEYS)
+    survivor = next(s for s in grid.status() if s["server"] == grid.addresses[0])
+    assert survivor.get("stranded_partitions") == len(on_dead), (on_dead, survivor.get("repairing"), single.owners())
+    # The operator's remedy for lost data: drop (or reload) the table. Until then no rejoin begins.
+    grid.drop_table("single")
+    # A dead voter comes back from its state directory: reset by the new leader, it joins and rejoins the spec.
+    grid.restart(1)
+    deadline = time.monotonic() + HEAL_WITHIN
+    while True:  # (not wait_repaired: server 2 stays dead, and the local grid counts it)
+        status = {s["server"]: s for s in grid.status()}
+        back = status.get(grid.addresses[1], {})
+        if (
+            back.get("quorum") == "ok"
+            and back.get("meta_generation") == report["generation"]
+            and grid.addresses[1] in str(back.get("servers"))
+            and back.get("pending_partitions") == 0
+        ):
+            break
+        assert time.monotonic() < deadline, status
+        time.sleep(0.2)
+    assert grid.addresses[1] in grid.health()["voters_alive"], grid.health()
+    assert (whole.get_many(KEYS) == KEYS * 2).all()
+
+
 def test_adding_a_server_while_a_member_is_down_waits_for_its_fail_over(grid: Any) -> None:
     t = _table(grid)
     grid.kill(2)

@@ -68,6 +68,8 @@ pub enum Opcode {
     Raft = 0x24,
     /// Per partition, the items a server holds and a hash of them (comparing replicas).
     Digest = 0x25,
+    /// Rebuild the metadata group after it lost its majority for good (operator, rarely).
+    Recover = 0x26,
     /// Batched read.
     Get = 0x30,
     /// Batched write.
@@ -84,7 +86,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every assigned opcode, in wire order.
-    pub const ALL: [Opcode; 22] = [
+    pub const ALL: [Opcode; 23] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::CreateTable,
@@ -101,6 +103,7 @@ impl Opcode {
         Opcode::ClusterStatus,
         Opcode::Raft,
         Opcode::Digest,
+        Opcode::Recover,
         Opcode::Get,
         Opcode::Put,
         Opcode::Delete,
@@ -133,6 +136,7 @@ impl Opcode {
             Opcode::ClusterStatus => "CLUSTER_STATUS",
             Opcode::Raft => "RAFT",
             Opcode::Digest => "DIGEST",
+            Opcode::Recover => "RECOVER",
             Opcode::Get => "GET",
             Opcode::Put => "PUT",
             Opcode::Delete => "DELETE",

@@ -57,6 +57,14 @@ pub enum Request<'a> {
     ClusterStatus,
     /// DIGEST.
     Digest(DigestRequest<'a>),
+    /// RECOVER: leave the metadata group, which lost its majority, for a new one of
+    /// `generation` (section 6.10).
+    Recover {
+        /// Lead the new group (from this server's state) or join it (reset, empty).
+        mode: RecoverMode,
+        /// The new group's generation: above every generation the live servers report.
+        generation: u64,
+    },
     /// RAFT: one message of the metadata group, opaque to the protocol.
     Raft {
         /// The message (`ramgrid_meta`'s encoding).
@@ -74,6 +82,27 @@ pub enum Request<'a> {
     Operator(OpRequest<'a>),
     /// SCAN.
     Scan(ScanRequest<'a>),
+}
+
+/// What a server asked to RECOVER does (protocol-native section 6.10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RecoverMode {
+    /// Form a new group alone, holding this server's applied metadata, and lead it.
+    Lead = 1,
+    /// Leave the old group and wait, in no group, for the new group's leader to add it.
+    Join = 2,
+}
+
+impl RecoverMode {
+    /// The mode for a body byte, if assigned.
+    pub fn from_u8(b: u8) -> Option<RecoverMode> {
+        match b {
+            1 => Some(RecoverMode::Lead),
+            2 => Some(RecoverMode::Join),
+            _ => None,
+        }
+    }
 }
 
 impl<'a> Request<'a> {
@@ -116,6 +145,11 @@ impl<'a> Request<'a> {
             Opcode::ExportPartition => Request::ExportPartition(ExportRequest::read(&mut r)?),
             Opcode::ClusterStatus => Request::ClusterStatus,
             Opcode::Digest => Request::Digest(DigestRequest::read(&mut r)?),
+            Opcode::Recover => Request::Recover {
+                mode: RecoverMode::from_u8(r.u8("recover mode")?)
+                    .ok_or(FrameError::Malformed("recover mode"))?,
+                generation: r.u64("generation")?,
+            },
             Opcode::Raft => Request::Raft {
                 message: r.bytes32("raft message")?,
             },
@@ -145,6 +179,7 @@ impl<'a> Request<'a> {
             Request::GetSpec => Opcode::GetSpec,
             Request::ExportPartition(_) => Opcode::ExportPartition,
             Request::Digest(_) => Opcode::Digest,
+            Request::Recover { .. } => Opcode::Recover,
             Request::ClusterStatus => Opcode::ClusterStatus,
             Request::Raft { .. } => Opcode::Raft,
             Request::Metrics => Opcode::Metrics,
@@ -172,6 +207,10 @@ impl<'a> Request<'a> {
             | Request::Metrics => {}
             Request::ExportPartition(x) => x.write(out)?,
             Request::Digest(x) => x.write(out)?,
+            Request::Recover { mode, generation } => {
+                out.push(*mode as u8);
+                out.extend_from_slice(&generation.to_le_bytes());
+            }
             Request::CreateTable(c) => c.write(out)?,
             Request::DropTable { name } | Request::DescribeTable { name } => {
                 wire::put_name(out, name, "table name")?
@@ -216,7 +255,7 @@ pub enum Response<'a> {
     Spec(SpecReply<'a>),
     /// OK to EXPORT_PARTITION.
     Export(ExportChunk<'a>),
-    /// OK to CLUSTER_STATUS: `key value` lines.
+    /// OK to CLUSTER_STATUS and RECOVER: `key value` lines.
     Status(&'a str),
     /// OK to RAFT: the reply message.
     Raft(&'a [u8]),
@@ -281,7 +320,7 @@ impl<'a> Response<'a> {
                     spec: r.bytes32("spec")?,
                 }),
                 Opcode::ExportPartition => Response::Export(ExportChunk::read(&mut r)?),
-                Opcode::ClusterStatus => Response::Status(r.str32("status")?),
+                Opcode::ClusterStatus | Opcode::Recover => Response::Status(r.str32("status")?),
                 Opcode::Raft => Response::Raft(r.bytes32("raft reply")?),
                 Opcode::Digest => Response::Digest(DigestReply::read(&mut r)?),
                 Opcode::Metrics => Response::Metrics(r.str32("metrics")?),
@@ -316,7 +355,7 @@ impl<'a> Response<'a> {
             Response::SpecSet { .. } => opcode == O::SetSpec,
             Response::Spec(_) => opcode == O::GetSpec,
             Response::Export(_) => opcode == O::ExportPartition,
-            Response::Status(_) => opcode == O::ClusterStatus,
+            Response::Status(_) => matches!(opcode, O::ClusterStatus | O::Recover),
             Response::Raft(_) => opcode == O::Raft,
             Response::Digest(_) => opcode == O::Digest,
             Response::Metrics(_) => opcode == O::Metrics,

@@ -177,7 +177,7 @@ impl Meta {
         loop {
             self.observe_catalog(state, false);
             let here = state.tables.describe(v.table).map_or(0, |t| t.current);
-            let agreed = self.node.state().tables.get(v.table).map(|t| t.current);
+            let agreed = self.node().state().tables.get(v.table).map(|t| t.current);
             if here == v.version || agreed.is_some_and(|c| c != v.version) {
                 return Ok(true);
             }
@@ -195,7 +195,7 @@ impl Meta {
     fn incarnation(&self, state: &Node, table: &str) -> Option<u64> {
         match state.tables.describe(table) {
             Ok(info) => Some(info.spec.incarnation),
-            Err(_) => self.node.state().tables.get(table).map(|t| t.incarnation),
+            Err(_) => self.node().state().tables.get(table).map(|t| t.incarnation),
         }
     }
 
@@ -204,7 +204,7 @@ impl Meta {
     /// the states it sees never go back in the log, whichever task calls.
     pub(super) fn observe_catalog(&self, state: &Node, sync: bool) {
         let mut installer = self.installer.lock().unwrap_or_else(|p| p.into_inner());
-        let ms = self.node.state();
+        let ms = self.node().state();
         if sync {
             installer.sync(&ms);
         } else {

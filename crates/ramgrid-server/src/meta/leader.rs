@@ -25,6 +25,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use ramgrid_meta::{MetaCommand, NodeId};
+use ramgrid_proto::native::{RecoverMode, Request};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -39,6 +40,8 @@ const PING_TIMEOUT: Duration = Duration::from_millis(500);
 const REJOIN_AFTER: Duration = Duration::from_secs(1);
 /// How a rejoin the leader began names itself in the transition.
 const REJOIN: &str = "rejoin of ";
+/// How long a server sent RECOVER may take to replace its member.
+const RECOVER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Voters kept in the group when enough servers are live.
 const VOTERS: usize = 3;
 
@@ -49,15 +52,15 @@ pub struct Events {
 }
 
 #[derive(Default)]
-struct EventsInner {
+pub(super) struct EventsInner {
     failovers: u64,
     rejoins: u64,
-    membership_changes: u64,
+    pub(super) membership_changes: u64,
     last: String,
 }
 
 impl Events {
-    fn note(&self, f: impl FnOnce(&mut EventsInner), what: String) {
+    pub(super) fn note(&self, f: impl FnOnce(&mut EventsInner), what: String) {
         let mut e = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         f(&mut e);
         tracing::info!("{what}");
@@ -95,6 +98,8 @@ pub struct Leader {
     /// Each server's epoch and partitions still to copy in, from its last answer.
     epochs: HashMap<String, u64>,
     pending: HashMap<String, u64>,
+    /// Each server's group generation, for those in some group (`recover.rs`).
+    generations: HashMap<String, u64>,
 }
 
 impl Leader {
@@ -107,6 +112,7 @@ impl Leader {
             ids: HashMap::new(),
             epochs: HashMap::new(),
             pending: HashMap::new(),
+            generations: HashMap::new(),
         }
     }
 
@@ -119,7 +125,7 @@ impl Leader {
             return;
         }
         self.last_ping = Some(now);
-        let ms = meta.node.state();
+        let ms = meta.node().state();
         if ms.servers.is_empty() {
             // Formed, but the first spec was not committed (its proposal timed out): again.
             let spec = state.cluster.read().as_ref().map(|c| c.spec.clone());
@@ -128,7 +134,7 @@ impl Leader {
                     servers: spec.servers().to_vec(),
                     expect_epoch: Some(0),
                 };
-                let _ = meta.node.propose(cmd).await;
+                let _ = meta.node().propose(cmd).await;
             }
             return;
         }
@@ -139,7 +145,7 @@ impl Leader {
         }
         self.probe(meta, &watched).await;
         let now = Instant::now();
-        let status = meta.node.status();
+        let status = meta.node().status();
         let answering = status
             .voters
             .iter()
@@ -164,7 +170,7 @@ impl Leader {
                     && now.duration_since(self.last_answer(a)) > meta.failure_timeout
             });
             if let Some(addr) = dead {
-                match meta.node.propose(MetaCommand::AbortTransition).await {
+                match meta.node().propose(MetaCommand::AbortTransition).await {
                     Ok(_) => meta.events.note(
                         |_| {},
                         format!("undid the move to {:?}: {addr} stopped answering", t.target),
@@ -184,7 +190,7 @@ impl Leader {
                     let cmd = MetaCommand::CompleteTransition {
                         target: t.target.clone(),
                     };
-                    match meta.node.propose(cmd).await {
+                    match meta.node().propose(cmd).await {
                         Ok(_) => meta.events.note(
                             |e| e.rejoins += 1,
                             format!("{} rejoined: {:?}", t.started_by, t.target),
@@ -203,7 +209,7 @@ impl Leader {
             if let Some(addr) = dead {
                 let silent = now.duration_since(self.last_answer(addr));
                 let cmd = MetaCommand::FailOver { addr: addr.clone() };
-                match meta.node.propose(cmd).await {
+                match meta.node().propose(cmd).await {
                     Ok(_) => meta.events.note(
                         |e| e.failovers += 1,
                         format!(
@@ -232,7 +238,7 @@ impl Leader {
                     target,
                     by: format!("{REJOIN}{addr}"),
                 };
-                match meta.node.propose(cmd).await {
+                match meta.node().propose(cmd).await {
                     Ok(_) => meta.events.note(
                         |_| {},
                         format!("{addr} answers again: it rejoins, copying in what it will hold"),
@@ -289,6 +295,11 @@ impl Leader {
                 Some(p) => self.pending.insert(addr.clone(), p),
                 None => self.pending.remove(&addr),
             };
+            let in_group = field("meta_members").is_some_and(|m| m != "0");
+            match field("meta_generation").and_then(|v| v.parse().ok()) {
+                Some(g) if in_group => self.generations.insert(addr.clone(), g),
+                _ => self.generations.remove(&addr),
+            };
             match field("meta_id").and_then(|v| v.parse::<NodeId>().ok()) {
                 Some(id) => self.ids.insert(addr, id),
                 None => self.ids.remove(&addr),
@@ -303,13 +314,40 @@ impl Leader {
         watched: &BTreeSet<String>,
         servers: &[String],
     ) {
-        let status = meta.node.status();
+        let status = meta.node().status();
         for addr in watched {
             let Some(&id) = self.ids.get(addr) else {
                 continue;
             };
             if !status.members.contains_key(&id) {
-                match meta.node.add_learner(id, addr.clone()).await {
+                let ours = meta.node().state().generation;
+                if self.generations.get(addr).is_some_and(|g| *g < ours) {
+                    // Back from a group given up by `cluster recover`: it leaves that one and
+                    // comes back as a fresh node, which is added on a later tick.
+                    let req = Request::Recover {
+                        mode: RecoverMode::Join,
+                        generation: ours,
+                    };
+                    let deadline = Instant::now() + RECOVER_TIMEOUT;
+                    let r = meta
+                        .pool
+                        .call(addr, &req, deadline, |r| match r {
+                            ramgrid_proto::native::Response::Status(_) => Ok(()),
+                            other => Err(format!("RECOVER answered {other:?}")),
+                        })
+                        .await;
+                    match r {
+                        Ok(()) => meta.events.note(
+                            |_| {},
+                            format!(
+                                "{addr} came back in the metadata group given up at generation                                  {ours}: it joins this one"
+                            ),
+                        ),
+                        Err(e) => tracing::warn!("{addr} did not leave its old group: {e}"),
+                    }
+                    continue;
+                }
+                match meta.node().add_learner(id, addr.clone()).await {
                     Ok(()) => meta.events.note(
                         |e| e.membership_changes += 1,
                         format!("added {addr} (node {id}) to the metadata group as a learner"),
@@ -321,7 +359,7 @@ impl Leader {
                 }
             }
         }
-        let status = meta.node.status();
+        let status = meta.node().status();
         // Members that are no server's current node: a previous incarnation at an address that
         // now answers under another id, or an address no longer watched. Learners among them are
         // removed (voters are first replaced below, then removed on a later tick).
@@ -336,7 +374,7 @@ impl Leader {
             .map(|(id, _)| *id)
             .collect();
         if !stale.is_empty() {
-            match meta.node.remove_learners(stale.clone()).await {
+            match meta.node().remove_learners(stale.clone()).await {
                 Ok(()) => meta.events.note(
                     |e| e.membership_changes += 1,
                     format!("removed stale metadata group members {stale:?}"),
@@ -379,7 +417,7 @@ impl Leader {
         if voters.is_empty() || voters == status.voters || voters.len() < want.min(2) {
             return;
         }
-        match meta.node.change_membership(voters.clone()).await {
+        match meta.node().change_membership(voters.clone()).await {
             Ok(()) => meta.events.note(
                 |e| e.membership_changes += 1,
                 format!("metadata group voters are now {voters:?}"),

@@ -28,6 +28,7 @@
 
 mod catalog;
 mod leader;
+mod recover;
 pub mod transport;
 
 use std::collections::BTreeMap;
@@ -50,7 +51,14 @@ const INSTALL_WAIT: Duration = Duration::from_secs(5);
 
 /// This server's member of the metadata group.
 pub struct Meta {
-    node: MetaNode,
+    /// The group member; replaced whole when the group is rebuilt (`recover.rs`).
+    node: parking_lot::RwLock<MetaNode>,
+    /// Counts replacements of `node`, so that tasks following the old one follow the new.
+    swaps: tokio::sync::watch::Sender<u64>,
+    /// Held while RECOVER replaces `node`.
+    recovering: tokio::sync::Mutex<()>,
+    /// The state directory (None: in memory), for a replacement node.
+    dir: Option<std::path::PathBuf>,
     rt: tokio::runtime::Handle,
     pool: Arc<Pool>,
     server_id: String,
@@ -114,7 +122,7 @@ pub fn start(
     };
     let id = node_id(dir.as_deref(), &state.server_id)?;
     let mut config = MetaConfig::new(id, state.server_id.clone());
-    config.dir = dir;
+    config.dir = dir.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("ramgrid-meta")
@@ -143,7 +151,10 @@ pub fn start(
         .saturating_sub(Duration::from_secs(1))
         .max(failure_timeout / 2);
     let meta = Arc::new(Meta {
-        node,
+        node: parking_lot::RwLock::new(node),
+        swaps: tokio::sync::watch::Sender::new(0),
+        recovering: tokio::sync::Mutex::new(()),
+        dir,
         rt: handle.clone(),
         pool,
         server_id: state.server_id.clone(),
@@ -210,10 +221,15 @@ impl Node {
 }
 
 impl Meta {
+    /// This server's group member now (a clone shares it).
+    pub(crate) fn node(&self) -> MetaNode {
+        self.node.read().clone()
+    }
+
     /// The spec the group committed, as this node knows it now (from its data directory at a
     /// restart); `None` before it has learned one.
     pub fn committed_spec(&self) -> Option<ClusterSpec> {
-        spec_of(&self.node.state())
+        spec_of(&self.node().state())
     }
 
     /// Stops the tasks and the runtime (in-process servers; a killed process just dies).
@@ -251,7 +267,7 @@ impl Meta {
     /// "the metadata group's voters are A, B, C (this server); 2 must be reachable": what a
     /// NO_QUORUM refusal names, so that an operator sees which servers are missing.
     fn voters_line(&self) -> String {
-        let s = self.node.status();
+        let s = self.node().status();
         let names: Vec<String> = s
             .members
             .iter()
@@ -287,7 +303,7 @@ impl Meta {
         if self.member.load(Ordering::Acquire) && self.contact_age() > self.lease {
             self.stale.store(true, Ordering::Release);
         }
-        let node = self.node.clone();
+        let node = self.node();
         match self
             .rt
             .spawn(async move { node.handle_rpc(&message).await })
@@ -320,6 +336,13 @@ impl Meta {
                 let _ = Response::Raft(&reply).encode(out, op, id);
                 Some(None)
             }
+            Request::Recover { mode, generation } => match self.recover(*mode, *generation).await {
+                Ok(text) => {
+                    let _ = Response::Status(&text).encode(out, op, id);
+                    Some(None)
+                }
+                Err(e) => refuse(out, e),
+            },
             Request::SetSpec { spec } => {
                 let r = match ClusterSpec::parse_bytes(spec) {
                     Ok(spec) => self.set_spec(state, spec).await,
@@ -397,7 +420,7 @@ impl Meta {
         &self,
         cmd: MetaCommand,
     ) -> Result<Result<ramgrid_meta::MetaReply, MetaError>, ErrorReply> {
-        let node = self.node.clone();
+        let node = self.node();
         let r = self
             .rt
             .spawn(async move { node.propose(cmd).await })
@@ -414,11 +437,11 @@ impl Meta {
 
     /// The group's figures for the metrics endpoint (docs/metrics.md): (name, kind, help, value).
     pub fn figures(&self) -> Vec<(&'static str, &'static str, &'static str, u64)> {
-        let s = self.node.status();
-        let ms = self.node.state();
+        let s = self.node().status();
+        let ms = self.node().state();
         let (failovers, rejoins, changes) = self.events.counts();
         let member = s.members.contains_key(&s.id);
-        let answering = if self.node.is_leader() {
+        let answering = if self.node().is_leader() {
             self.voters_answering.load(Ordering::Relaxed)
         } else {
             0
@@ -426,7 +449,7 @@ impl Meta {
         let p = |i: usize| self.proposals[i].load(Ordering::Relaxed);
         vec![
             ("ramgrid_meta_member", "gauge", "1 while this server is in the metadata group", member as u64),
-            ("ramgrid_meta_leader", "gauge", "1 while this server leads the metadata group", self.node.is_leader() as u64),
+            ("ramgrid_meta_leader", "gauge", "1 while this server leads the metadata group", self.node().is_leader() as u64),
             ("ramgrid_meta_quorum", "gauge", "1 while this server is in reach of a leader with a majority (its lease holds)", (member && self.check_quorum().is_ok()) as u64),
             ("ramgrid_meta_term", "gauge", "the Raft term this server knows", s.term),
             ("ramgrid_meta_applied_index", "gauge", "the last Raft log index applied here", s.last_applied),
@@ -448,7 +471,7 @@ impl Meta {
 
     /// The group's state with every committed command applied (through the leader).
     async fn read_committed(&self) -> Result<Arc<MetaState>, ErrorReply> {
-        let node = self.node.clone();
+        let node = self.node();
         match self
             .rt
             .spawn(async move { node.linearizable_state().await })
@@ -474,15 +497,15 @@ impl Meta {
     }
 
     fn is_member(&self) -> bool {
-        let s = self.node.status();
+        let s = self.node().status();
         s.members.contains_key(&s.id)
     }
 
     /// CLUSTER_STATUS lines about the group.
     pub fn status_lines(&self, out: &mut String) {
         use std::fmt::Write;
-        let s = self.node.status();
-        let ms = self.node.state();
+        let s = self.node().status();
+        let ms = self.node().state();
         let _ = writeln!(out, "meta_id {}", s.id);
         let _ = writeln!(out, "meta_members {}", s.members.len());
         match &s.leader {
@@ -494,6 +517,7 @@ impl Meta {
             }
         }
         let _ = writeln!(out, "meta_term {}", s.term);
+        let _ = writeln!(out, "meta_generation {}", ms.generation);
         let _ = writeln!(out, "meta_applied {}", s.last_applied);
         for (id, m) in &s.members {
             let role = if m.voter { "voter" } else { "learner" };
@@ -576,16 +600,27 @@ fn command_for(ms: &MetaState, spec: &ClusterSpec) -> Result<Option<MetaCommand>
     }
 }
 
-/// Installs every committed state's spec here.
+/// Installs every committed state's spec here (following the member RECOVER puts in place).
 async fn watch_task(state: Weak<Node>, meta: Arc<Meta>) {
-    let mut rx = meta.node.watch();
+    let mut swaps = meta.swaps.subscribe();
     loop {
-        let ms = rx.borrow_and_update().clone();
-        let Some(state) = state.upgrade() else { return };
-        tokio::task::block_in_place(|| apply(&state, &meta, &ms));
-        drop(state);
-        if rx.changed().await.is_err() {
-            return;
+        swaps.borrow_and_update();
+        let mut rx = meta.node().watch();
+        loop {
+            let ms = rx.borrow_and_update().clone();
+            let Some(state) = state.upgrade() else { return };
+            tokio::task::block_in_place(|| apply(&state, &meta, &ms));
+            drop(state);
+            tokio::select! {
+                r = rx.changed() => if r.is_err() {
+                    // The member stopped: only a replacement brings news again.
+                    if swaps.changed().await.is_err() {
+                        return;
+                    }
+                    break;
+                },
+                r = swaps.changed() => if r.is_err() { return } else { break },
+            }
         }
     }
 }
@@ -618,9 +653,14 @@ async fn keeper_task(state: Weak<Node>, meta: Arc<Meta>) {
     let mut last_tick = Instant::now();
     let mut last_bootstrap = Instant::now();
     let mut leading: Option<leader::Leader> = None;
+    let mut swaps = meta.swaps.subscribe();
     loop {
         tokio::time::sleep(TICK).await;
         let Some(state) = state.upgrade() else { return };
+        if swaps.has_changed().unwrap_or(false) {
+            swaps.borrow_and_update();
+            leading = None; // A new member: a leader's view starts again.
+        }
         let now = Instant::now();
         let member = meta.is_member();
         if member && now.duration_since(last_tick) > meta.lease {
@@ -637,10 +677,10 @@ async fn keeper_task(state: Weak<Node>, meta: Arc<Meta>) {
             }
             continue;
         }
-        let status = meta.node.status();
+        let status = meta.node().status();
         if status.voters.len() == 1 && status.voters.contains(&status.id) {
             meta.touch(now); // The whole group: its own majority.
-        } else if let Some(age) = meta.node.quorum_age() {
+        } else if let Some(age) = meta.node().quorum_age() {
             if age < meta.lease {
                 meta.touch(now - age);
             }
@@ -658,7 +698,7 @@ async fn keeper_task(state: Weak<Node>, meta: Arc<Meta>) {
         } else {
             meta.observe_catalog(&state, false); // Versions still being copied in, say.
         }
-        if meta.node.is_leader() && !meta.stale.load(Ordering::Acquire) {
+        if meta.node().is_leader() && !meta.stale.load(Ordering::Acquire) {
             let l = leading.get_or_insert_with(leader::Leader::new);
             l.tick(&state, &meta).await;
         } else {
@@ -669,7 +709,7 @@ async fn keeper_task(state: Weak<Node>, meta: Arc<Meta>) {
 
 /// After a gap: read the group's state through the leader, install it, serve again.
 async fn catch_up(state: &Node, meta: &Meta) {
-    let read = tokio::time::timeout(Duration::from_secs(2), meta.node.linearizable_state()).await;
+    let read = tokio::time::timeout(Duration::from_secs(2), meta.node().linearizable_state()).await;
     if let Ok(Ok(ms)) = read {
         tokio::task::block_in_place(|| {
             meta.observe_catalog(state, true);
@@ -683,7 +723,7 @@ async fn catch_up(state: &Node, meta: &Meta) {
 /// The first read of the group's state through the leader since this server started: from it
 /// on, the installer installs committed switches (`catalog::Installer`).
 async fn sync_installer(state: &Node, meta: &Meta) {
-    let read = tokio::time::timeout(Duration::from_secs(2), meta.node.linearizable_state()).await;
+    let read = tokio::time::timeout(Duration::from_secs(2), meta.node().linearizable_state()).await;
     if let Ok(Ok(_)) = read {
         tokio::task::block_in_place(|| meta.observe_catalog(state, true));
     }
@@ -710,8 +750,8 @@ async fn bootstrap(state: &Node, meta: &Meta) {
             return; // It is in a group (or too old to say): this server must be added to it.
         }
     }
-    let me = BTreeMap::from([(meta.node.id(), meta.server_id.clone())]);
-    if let Err(e) = meta.node.initialize(me).await {
+    let me = BTreeMap::from([(meta.node().id(), meta.server_id.clone())]);
+    if let Err(e) = meta.node().initialize(me).await {
         tracing::error!("cannot form the metadata group: {e}");
         return;
     }
@@ -719,7 +759,7 @@ async fn bootstrap(state: &Node, meta: &Meta) {
         servers: c.spec.servers().to_vec(),
         expect_epoch: Some(0),
     };
-    match meta.node.propose(cmd).await {
+    match meta.node().propose(cmd).await {
         Ok(_) => tracing::info!("formed the metadata group with spec epoch {:016x}", c.epoch),
         Err(e) => tracing::info!("formed the metadata group; spec not set: {e}"),
     }

@@ -95,7 +95,7 @@ impl Conn {
         }
         match req {
             Request::Hello(_) | Request::Ping => unreachable!("answered above"),
-            Request::Raft { .. } => Err(ErrorReply::new(
+            Request::Raft { .. } | Request::Recover { .. } => Err(ErrorReply::new(
                 Status::BadRequest,
                 "this server runs no metadata group",
             )),
