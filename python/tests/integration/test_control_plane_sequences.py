@@ -225,6 +225,27 @@ def test_cluster_recover_rebuilds_the_group_from_the_survivor_and_a_dead_voter_r
     assert (whole.get_many(KEYS) == KEYS * 2).all()
 
 
+def test_cluster_recover_with_a_learner_alive_it_joins_the_new_group() -> None:
+    """Four servers, three voters: two voters die for good. The survivors are a voter and a learner; `recover`
+    rebuilds the group from the one that applied the most and the other joins it (RECOVER join)."""
+    with ramgrid.local(servers=4, memory="64MiB", extra_args=FAILURE_TIMEOUT) as g:
+        t = g.create_table("whole", partitions=16, replication=3, value_type="i64")
+        t.put_many(KEYS, KEYS * 2)
+        g.wait_repaired()
+        voters = g.health()["voters"]
+        doomed = [i for i, a in enumerate(g.addresses) if a in voters][:2]
+        live = {a for i, a in enumerate(g.addresses) if i not in doomed}
+        for i in doomed:
+            g.kill(i)
+        time.sleep(3.0)
+        report = g.recover()
+        assert {report["leader"], *report["joined"]} == live and report["unsettled"] == [], report
+        assert set(report["dead"]) == {g.addresses[i] for i in doomed}, report
+        _heals("two of three voters lost, a learner alive, recovered", t)
+        health = g.health()
+        assert set(health["voters_alive"]) == live, health
+
+
 def test_adding_a_server_while_a_member_is_down_waits_for_its_fail_over(grid: Any) -> None:
     t = _table(grid)
     grid.kill(2)
