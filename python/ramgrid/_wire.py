@@ -36,6 +36,7 @@ OPCODES = {
     "RAFT": 0x24,
     "DIGEST": 0x25,
     "RECOVER": 0x26,
+    "REPAIR": 0x27,
     "GET": 0x30,
     "PUT": 0x31,
     "DELETE": 0x32,
@@ -69,7 +70,16 @@ KEY_STATUSES = ["OK", "NOT_FOUND", "KEY_TOO_LARGE", "VALUE_TOO_LARGE", "WRONG_TY
 VALUE_KINDS = ["bytes", "i64", "f64", "f32vec"]
 MAX_NAME_LEN = 255
 MAX_VECTOR_DIM = 1 << 16
-EMPTY_OK = {"PING", "CREATE_TABLE", "DROP_TABLE", "CREATE_VERSION", "SEAL_VERSION", "SET_CURRENT", "DROP_VERSION"}
+EMPTY_OK = {
+    "PING",
+    "CREATE_TABLE",
+    "DROP_TABLE",
+    "CREATE_VERSION",
+    "SEAL_VERSION",
+    "SET_CURRENT",
+    "DROP_VERSION",
+    "REPAIR",
+}
 
 
 class WireError(Exception):
@@ -297,7 +307,7 @@ def encode_request_body(opcode: str, f: dict) -> bytes:
         return _b32(f["message"].encode())
     if opcode == "RECOVER":
         return _u8(RECOVER_MODES[f["mode"]]) + _u64(f["generation"])
-    if opcode == "DIGEST":
+    if opcode in ("DIGEST", "REPAIR"):
         parts = f["partitions"]
         return _s16(f["table"]) + _u32(f["version"]) + _u32(len(parts)) + b"".join(_u32(p) for p in parts)
     if opcode in ("GET", "DELETE"):
@@ -371,7 +381,7 @@ def decode_request_body(opcode: str, body: bytes) -> dict:
         if mode not in names:
             raise WireError("malformed", "recover mode")
         f = {"mode": names[mode], "generation": r.u64("generation")}
-    elif opcode == "DIGEST":
+    elif opcode in ("DIGEST", "REPAIR"):
         f = {"table": r.name(), "version": r.u32("version")}
         f["partitions"] = [r.u32("partition") for _ in range(r.u32("partition count"))]
     elif opcode in ("GET", "DELETE", "PUT"):

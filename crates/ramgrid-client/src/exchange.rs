@@ -51,7 +51,8 @@ pub(crate) fn idempotent(op: Opcode) -> bool {
         // A repeat starts another export: the copier reads from the start again. RAFT is
         // between servers only, and Raft itself handles repeats. A repeated RECOVER is refused
         // (its generation is no longer above the server's), so the first answer must be read.
-        Opcode::ExportPartition | Opcode::Raft | Opcode::Recover => false,
+        // REPAIR is between servers only: a repeat empties the partitions again.
+        Opcode::ExportPartition | Opcode::Raft | Opcode::Recover | Opcode::Repair => false,
         // A repeat is refused (TABLE_EXISTS, VERSION_EXISTS, NO_SUCH_...) or, for PUT and DELETE,
         // may undo a concurrent writer's newer value and miscounts deletions.
         Opcode::Put

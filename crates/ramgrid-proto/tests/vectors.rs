@@ -299,7 +299,7 @@ fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
             let spec = f.get("spec_hex").map(|t| unhex(s(t))).unwrap_or_default();
             let name = || s(&f["name"]);
             let digest_parts = match op {
-                Opcode::Digest => {
+                Opcode::Digest | Opcode::Repair => {
                     partition_bytes(&arr(&f["partitions"]).iter().map(u32_).collect::<Vec<_>>())
                 }
                 _ => Vec::new(),
@@ -342,6 +342,11 @@ fn encode_request(op: Opcode, id: u64, f: &Value) -> Vec<u8> {
                     generation: u(&f["generation"]),
                 },
                 Opcode::Digest => Request::Digest(DigestRequest::new(
+                    s(&f["table"]),
+                    u32_(&f["version"]),
+                    &digest_parts,
+                )),
+                Opcode::Repair => Request::Repair(DigestRequest::new(
                     s(&f["table"]),
                     u32_(&f["version"]),
                     &digest_parts,
@@ -547,7 +552,7 @@ fn request_json(req: &Request<'_>) -> Value {
             "mode": match mode { RecoverMode::Lead => "lead", RecoverMode::Join => "join" },
             "generation": generation,
         }),
-        Request::Digest(d) => json!({
+        Request::Digest(d) | Request::Repair(d) => json!({
             "table": d.table, "version": d.version,
             "partitions": d.partitions().collect::<Vec<_>>(),
         }),

@@ -285,6 +285,7 @@ pub fn status_text(state: &Node) -> String {
     if let Some(meta) = state.meta.get() {
         meta.status_lines(&mut s);
     }
+    state.replica_checks.status_lines(&mut s);
     let r = &state.repair;
     let _ = writeln!(s, "pending_partitions {pending_parts}");
     let _ = writeln!(s, "stranded_partitions {stranded}");

@@ -67,6 +67,10 @@ pub struct Config {
     /// server cut off from the group stops serving one second sooner (its lease).
     #[arg(long, default_value_t = 5000, env = "RAMGRID_FAILURE_TIMEOUT_MS")]
     pub failure_timeout_ms: u64,
+    /// How often this server compares the partitions it is the primary of with their other
+    /// replicas, and has one that differs copy them in again (docs/replication.md); 0: never.
+    #[arg(long, default_value_t = 60_000, env = "RAMGRID_REPLICA_CHECK_MS")]
+    pub replica_check_ms: u64,
     /// Auth token: native clients present it in HELLO, memcached clients as the password of memcached's
     /// text-protocol authentication. Required to listen on a non-loopback address; never empty.
     #[arg(long, env = "RAMGRID_TOKEN", hide_env_values = true)]

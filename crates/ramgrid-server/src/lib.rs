@@ -22,6 +22,7 @@ pub mod peer;
 pub mod peer_pool;
 pub mod persist;
 pub mod repair;
+pub mod replica_check;
 pub mod replicate;
 pub mod run;
 pub mod server;

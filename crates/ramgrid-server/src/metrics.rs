@@ -637,6 +637,10 @@ pub fn render(shared: &Shared, node: &Node) -> String {
             out.metric(name, kind, help, v);
         }
     }
+    // Replicas compared by the primaries (docs/replication.md).
+    for (name, kind, help, v) in node.replica_checks.figures() {
+        out.metric(name, kind, help, v);
+    }
     out.0
 }
 

@@ -38,4 +38,6 @@ pub struct Node {
     pub metrics: crate::metrics::Hook,
     /// The partitions' order locks and the forwarding of writes to backups (replicate.rs).
     pub replication: crate::replicate::Replication,
+    /// What this server's replica checks found (`replica_check.rs`).
+    pub replica_checks: crate::replica_check::CheckStats,
 }

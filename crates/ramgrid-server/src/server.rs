@@ -183,6 +183,7 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
             config.token.clone(),
             tls.clone(),
         ),
+        replica_checks: Default::default(),
     });
     node.metrics.set(shared.clone());
     let meta = crate::meta::start(
@@ -191,6 +192,7 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         Duration::from_millis(config.failure_timeout_ms.max(1000)),
     )?;
     let _ = node.meta.set(meta);
+    crate::replica_check::spawn(&node, Duration::from_millis(config.replica_check_ms))?;
     if let Some(path) = &config.cluster_spec {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read cluster spec {}", path.display()))?;

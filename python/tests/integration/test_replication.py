@@ -103,6 +103,41 @@ def test_verify_finds_a_replica_that_differs() -> None:
         assert rc == 1
 
 
+def test_the_primary_finds_a_replica_that_differs_and_has_it_copied_again() -> None:
+    # The servers compare replicas themselves (every --replica-check-ms): a backup holding a stray value is found
+    # by its partition's primary, counted, and copies the partition in again from it, while writes go on.
+    with ramgrid.local(servers=3, memory="64MiB", extra_args=["--replica-check-ms", "300"]) as g:
+        t = g.create_table("c", partitions=8, replication=2, value_type="i64")
+        keys = np.arange(1_000, dtype=np.int64)
+        t.put_many(keys, keys * 3)
+        version = t.versions()[-1]["version"]
+        c = g._client()
+        key = 7
+        p = partition_of(key, 8)
+        primary, backup = c.partition_owners("c")[p]
+        _raw_forward(backup, "c", version, c.epoch(), c.incarnation("c"), p, key, -1)
+        stop = time.monotonic() + 20.0
+        writes = 0
+        while True:
+            t.put_many(keys[100:200], keys[100:200] * 3)  # writes go on meanwhile (none to key 7)
+            writes += 1
+            r = t.verify(version)
+            status = {s["server"]: s for s in g.status()}
+            if r["differ"] == {} and status[primary].get("replica_differences", 0) >= 1:
+                break
+            assert time.monotonic() < stop, (r, status[primary])
+            time.sleep(0.1)
+        assert r["agreed"] == 8 and r["items"] == 1_000, r
+        assert f"partitions [{p}]" in status[primary]["last_replica_difference"], status[primary]
+        relaxed = ramgrid.connect(g.addresses, consistency="replica")
+        try:
+            for _ in range(20):  # spread over both replicas: the stray value is gone from the backup
+                assert int(relaxed.table("c").get_many([key])[0]) == key * 3
+        finally:
+            relaxed.close()
+        assert status[primary]["replica_checks"] > 0 and writes > 0
+
+
 def test_merges_count_once_through_a_restart() -> None:
     # Adds from two writers while a server restarts: every acknowledged add is counted exactly once on every
     # replica (a merge waits for a partition being copied in; a forward tried twice is applied once).

@@ -70,6 +70,8 @@ pub enum Opcode {
     Digest = 0x25,
     /// Rebuild the metadata group after it lost its majority for good (operator, rarely).
     Recover = 0x26,
+    /// Copy some partitions of a table in again from their other replicas (server to server).
+    Repair = 0x27,
     /// Batched read.
     Get = 0x30,
     /// Batched write.
@@ -86,7 +88,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every assigned opcode, in wire order.
-    pub const ALL: [Opcode; 23] = [
+    pub const ALL: [Opcode; 24] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::CreateTable,
@@ -104,6 +106,7 @@ impl Opcode {
         Opcode::Raft,
         Opcode::Digest,
         Opcode::Recover,
+        Opcode::Repair,
         Opcode::Get,
         Opcode::Put,
         Opcode::Delete,
@@ -137,6 +140,7 @@ impl Opcode {
             Opcode::Raft => "RAFT",
             Opcode::Digest => "DIGEST",
             Opcode::Recover => "RECOVER",
+            Opcode::Repair => "REPAIR",
             Opcode::Get => "GET",
             Opcode::Put => "PUT",
             Opcode::Delete => "DELETE",

@@ -57,6 +57,9 @@ pub enum Request<'a> {
     ClusterStatus,
     /// DIGEST.
     Digest(DigestRequest<'a>),
+    /// REPAIR: copy these partitions of the table in again (section 6.11). The body is DIGEST's;
+    /// version 0 is refused.
+    Repair(DigestRequest<'a>),
     /// RECOVER: leave the metadata group, which lost its majority, for a new one of
     /// `generation` (section 6.10).
     Recover {
@@ -145,6 +148,7 @@ impl<'a> Request<'a> {
             Opcode::ExportPartition => Request::ExportPartition(ExportRequest::read(&mut r)?),
             Opcode::ClusterStatus => Request::ClusterStatus,
             Opcode::Digest => Request::Digest(DigestRequest::read(&mut r)?),
+            Opcode::Repair => Request::Repair(DigestRequest::read(&mut r)?),
             Opcode::Recover => Request::Recover {
                 mode: RecoverMode::from_u8(r.u8("recover mode")?)
                     .ok_or(FrameError::Malformed("recover mode"))?,
@@ -180,6 +184,7 @@ impl<'a> Request<'a> {
             Request::ExportPartition(_) => Opcode::ExportPartition,
             Request::Digest(_) => Opcode::Digest,
             Request::Recover { .. } => Opcode::Recover,
+            Request::Repair(_) => Opcode::Repair,
             Request::ClusterStatus => Opcode::ClusterStatus,
             Request::Raft { .. } => Opcode::Raft,
             Request::Metrics => Opcode::Metrics,
@@ -206,7 +211,7 @@ impl<'a> Request<'a> {
             | Request::ClusterStatus
             | Request::Metrics => {}
             Request::ExportPartition(x) => x.write(out)?,
-            Request::Digest(x) => x.write(out)?,
+            Request::Digest(x) | Request::Repair(x) => x.write(out)?,
             Request::Recover { mode, generation } => {
                 out.push(*mode as u8);
                 out.extend_from_slice(&generation.to_le_bytes());
@@ -240,7 +245,7 @@ pub enum Response<'a> {
     Error(ErrorReply),
     /// OK to HELLO.
     Hello(HelloOk<'a>),
-    /// OK with an empty payload: PING, CREATE_TABLE, DROP_TABLE and the four version operations.
+    /// OK with an empty payload: PING, CREATE_TABLE, DROP_TABLE, the four version operations, REPAIR.
     Done,
     /// OK to LIST_TABLES.
     Tables(Vec<TableInfo>),
@@ -299,7 +304,8 @@ impl<'a> Response<'a> {
                 | Opcode::CreateVersion
                 | Opcode::SealVersion
                 | Opcode::SetCurrent
-                | Opcode::DropVersion => Response::Done,
+                | Opcode::DropVersion
+                | Opcode::Repair => Response::Done,
                 Opcode::ListTables => {
                     let n = r.u32("table count")?;
                     // A table entry is at least 24 bytes; refuse counts the body cannot hold.
@@ -349,6 +355,7 @@ impl<'a> Response<'a> {
                     | O::SealVersion
                     | O::SetCurrent
                     | O::DropVersion
+                    | O::Repair
             ),
             Response::Tables(_) => opcode == O::ListTables,
             Response::Table(_) => opcode == O::DescribeTable,

@@ -117,6 +117,7 @@ impl Conn {
             }
             Request::Operator(_) => super::ops::answer(state, id, req, out),
             Request::Digest(d) => super::digest::answer(state, id, d, out),
+            Request::Repair(d) => super::digest::repair(state, id, d, out),
             Request::Scan(_) => super::scan::answer(state, id, req, out),
         }
     }

@@ -29,7 +29,7 @@ mod checks;
 mod cluster;
 mod conn;
 mod data;
-mod digest;
+pub(crate) mod digest;
 mod handler;
 mod ops;
 mod primary;
