@@ -40,9 +40,10 @@ impl Client {
     /// [`Client::put`] with each value merged into the stored one by the server (`Merge::Add`,
     /// `Min`, `Max`; i64 and f64 tables only, refused whole otherwise). The primary orders the
     /// merges of a partition and every replica applies them in that order, so concurrent writers
-    /// lose no update and replicas agree. A PUT is never sent twice once its frame was written (the
-    /// retry rule in exchange.rs), so a merge is applied at most once per call; a call that fails
-    /// may have been applied at some replicas.
+    /// lose no update and replicas agree. Each chunk of the call carries a write key, the same in
+    /// every try, and every replica applies each partition group of it once (protocol 7.3), so a
+    /// merge answered INDETERMINATE is sent again within the call and still counted once. A call
+    /// that fails may have been applied at some replicas; calling again is a new write.
     pub fn put_merge(
         &self,
         table: &str,
@@ -102,6 +103,12 @@ impl Client {
             })
             .collect();
         for chunk in self.chunks(&all, cost) {
+            // A merge's key, the same in every try of this chunk: each replica applies each of
+            // its partition groups once, so a merge answered INDETERMINATE may go again.
+            let write_key = match values {
+                Some((_, m)) if m != Merge::Store => new_write_key(),
+                _ => 0,
+            };
             let mut attempt = 0;
             let mut todo = chunk.to_vec();
             // Keys whose primary is down wait (unsent) for its fail-over or its return.
@@ -111,8 +118,15 @@ impl Client {
             let mut lost_since: Option<Instant> = None;
             loop {
                 let patient = Instant::now() + pause < wait_until;
-                let r =
-                    self.write_chunk(table, keys, values, &todo, version, &mut outcome, patient);
+                let r = self.write_chunk(
+                    table,
+                    keys,
+                    values,
+                    (&todo, write_key),
+                    version,
+                    &mut outcome,
+                    patient,
+                );
                 match r {
                     Ok(again) if again.keys.is_empty() => break,
                     Ok(again) => {
@@ -200,7 +214,7 @@ impl Client {
         table: &str,
         keys: Keys<'_>,
         values: Option<(ValuesRef<'_>, Merge)>,
-        idx: &[u32],
+        (idx, write_key): (&[u32], u64),
         version: u32,
         outcome: &mut WriteOutcome,
         patient: bool,
@@ -254,7 +268,8 @@ impl Client {
         // Servers whose frame was refused whole as stale, and the first such refusal.
         let mut stale_rows: Vec<usize> = Vec::new();
         let mut stale: Option<(std::sync::Arc<Topology>, usize, String)> = None;
-        let idempotent = !matches!(values, Some((_, m)) if m != Merge::Store);
+        // A store or delete tried again does what the first did; a merge does under its key.
+        let idempotent = write_key != 0 || !matches!(values, Some((_, m)) if m != Merge::Store);
         let vt = meta.value_type;
         let dim = match vt {
             ValueType::F32Vec(d) => d as usize,
@@ -281,6 +296,7 @@ impl Client {
                             w.set_ack_one();
                         }
                         w.set_merge(merge);
+                        w.set_write_key(write_key);
                         for &p in row {
                             let js = by_part.row(p as usize);
                             let ks = js.iter().map(|&j| keys.key(idx[j as usize] as usize));
@@ -518,4 +534,14 @@ impl WriteOutcome {
         }
         Ok(self.deleted)
     }
+}
+
+/// A fresh write key: random, never 0 (protocol 7.5).
+fn new_write_key() -> u64 {
+    use std::hash::BuildHasher;
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::hash::RandomState::new()
+        .hash_one((n, std::process::id()))
+        .max(1)
 }

@@ -12,6 +12,7 @@ pub mod conn;
 mod convert;
 pub mod export;
 pub mod io;
+pub mod ledger;
 pub mod log;
 pub mod memcache;
 pub mod meta;

@@ -61,6 +61,8 @@ pub struct Replication {
     /// How long a primary keeps trying to complete a write on a silent replica: past the failure
     /// timeout, so that the silent replica is failed over first when the group can do it.
     pub patience: Duration,
+    /// The keyed merges applied here lately (as primary or backup), against second tries.
+    pub ledger: crate::ledger::Ledger,
     token: Option<String>,
     tls: Option<Arc<crate::tls::Tls>>,
 }
@@ -85,6 +87,7 @@ impl Replication {
             next_id: AtomicU64::new(seed << 32),
             applied: Mutex::new(Applied::default()),
             patience: failure_timeout * 2 + Duration::from_secs(3),
+            ledger: Default::default(),
             token,
             tls,
         }

@@ -49,21 +49,35 @@ def test_concurrent_writers_leave_every_replica_the_same() -> None:
         assert r["agreed"] == 8 and r["items"] == len(keys), r
 
 
-def _raw_forward(
-    addr: str, table: str, version: int, epoch: int, incarnation: int, p: int, key: int, value: int
+def _raw_put(
+    addr: str,
+    table: str,
+    version: int,
+    epoch: int,
+    incarnation: int,
+    p: int,
+    key: int,
+    value: int,
+    *,
+    flags: int = 0x02,
+    merge: int = 0,
+    write_key: int = 0,
 ) -> None:
-    """A PUT with the REPLICA flag straight to one server, as a primary's forward would be: a replica made to hold
-    what the others do not (no client does this)."""
+    """One PUT of one i64 key straight to one server: by default with the REPLICA flag, as a primary's forward
+    would be (a replica made to hold what the others do not; no client does this); with `merge` and `write_key`,
+    the tail a client's merge carries (protocol 7.3). Asserts that it was taken."""
     name = table.encode()
     body = struct.pack("<H", len(name)) + name + struct.pack("<IQQ", version, epoch, incarnation)
     body += struct.pack("<BI", 1, 0)  # value type i64
     body += struct.pack("<II", 1, p) + struct.pack("<I", 1) + struct.pack("<H", 8) + struct.pack("<q", key)
     body += struct.pack("<q", value)
+    if merge:
+        body += struct.pack("<B", merge) + (struct.pack("<Q", write_key) if write_key else b"")
     hello_body = struct.pack("<BH", 1, 0) + struct.pack("<H", 4) + b"test"
     host, port = addr.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5) as s:
         s.sendall(struct.pack("<BBBBIQ", 0xA7, 1, 0x01, 0, len(hello_body), 1) + hello_body)
-        s.sendall(struct.pack("<BBBBIQ", 0xA7, 1, 0x31, 0x02, len(body), 2) + body)
+        s.sendall(struct.pack("<BBBBIQ", 0xA7, 1, 0x31, flags, len(body), 2) + body)
         got = b""
 
         def whole(at: int) -> bool:  # a whole frame starts at `at`
@@ -74,7 +88,41 @@ def _raw_forward(
             assert chunk, "connection closed"
             got += chunk
         first = 16 + struct.unpack_from("<I", got, 4)[0]
-        assert got[first + 16] == 0, f"the forward was refused: {got[first:]!r}"
+        assert got[first + 16] == 0, f"the PUT was refused: {got[first:]!r}"
+
+
+def _raw_forward(
+    addr: str, table: str, version: int, epoch: int, incarnation: int, p: int, key: int, value: int
+) -> None:
+    _raw_put(addr, table, version, epoch, incarnation, p, key, value)
+
+
+def test_a_merge_sent_again_under_its_write_key_is_counted_once() -> None:
+    # A client's merge carries a write key, the same in every try: each replica applies each partition group of it
+    # once, whether the try comes from the client again or as a primary's forward (issue 25 item 2).
+    with ramgrid.local(servers=3, memory="64MiB") as g:
+        t = g.create_table("k", partitions=8, replication=2, value_type="i64")
+        keys = np.arange(16, dtype=np.int64)
+        t.put_many(keys, np.zeros(16, dtype=np.int64))
+        version = t.versions()[-1]["version"]
+        c = g._client()
+        key = 5
+        p = partition_of(key, 8)
+        primary, backup = c.partition_owners("k")[p]
+        head = ("k", version, c.epoch(), c.incarnation("k"), p, key)
+        for _ in range(3):  # the client's try, twice more: counted once
+            _raw_put(primary, *head, 7, flags=0, merge=1, write_key=0xABC)
+        assert int(t.get_many([key])[0]) == 7
+        _raw_put(backup, *head, 7, merge=1, write_key=0xABC)  # a late forward of the same write: nothing
+        _raw_put(primary, *head, 7, flags=0, merge=1, write_key=0xABD)  # another write: counted
+        assert int(t.get_many([key])[0]) == 14
+        r = t.verify(version)
+        assert r["differ"] == {} and r["agreed"] == 8, r
+        # Merges through the client carry a key of their own each call.
+        for _ in range(5):
+            t.put_many(keys, np.ones(16, dtype=np.int64), merge="add")
+        got = np.asarray(t.get_many(keys), dtype=np.int64)
+        assert got[key] == 19 and (np.delete(got, key) == 5).all(), got
 
 
 def test_verify_finds_a_replica_that_differs() -> None:

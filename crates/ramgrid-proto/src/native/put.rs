@@ -47,7 +47,8 @@ impl Merge {
 }
 
 /// A PUT body: table, version, epoch, the value type the values are packed as, then groups of
-/// keys with their values, then an optional merge byte.
+/// keys with their values, then an optional merge byte, and after a merge byte an optional
+/// write key (section 7.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Put<'a> {
     /// Table name.
@@ -65,6 +66,9 @@ pub struct Put<'a> {
     pub groups: PutGroups<'a>,
     /// How each value combines with the one stored (absent on the wire: [`Merge::Store`]).
     pub merge: Merge,
+    /// The client's key for this merge (0: none): the same in every try of one write, so that
+    /// each replica applies each of its partition groups once (section 7.5).
+    pub write_key: u64,
 }
 
 impl<'a> Put<'a> {
@@ -99,6 +103,15 @@ impl<'a> Put<'a> {
         } else {
             Merge::Store
         };
+        // A merge may carry a write key; 0 is sent absent.
+        let write_key = if merge != Merge::Store && r.remaining() > 0 {
+            match r.u64("write key")? {
+                0 => return Err(FrameError::Malformed("write key 0 is sent absent")),
+                k => k,
+            }
+        } else {
+            0
+        };
         r.finish()?;
         let groups = PutGroups {
             raw,
@@ -114,6 +127,7 @@ impl<'a> Put<'a> {
             value_type,
             groups,
             merge,
+            write_key,
         })
     }
 
@@ -145,9 +159,7 @@ impl<'a> Put<'a> {
         put_u64(p.out, self.incarnation);
         wire::put_value_type(p.out, self.value_type)?;
         super::data::put_raw_groups(p.out, groups.into_iter().map(|g| g.raw));
-        if self.merge != Merge::Store {
-            put_u8(p.out, self.merge as u8);
-        }
+        put_merge(p.out, self.merge, self.write_key);
         p.finish()
     }
 
@@ -159,10 +171,19 @@ impl<'a> Put<'a> {
         wire::put_value_type(out, self.value_type)?;
         put_u32(out, self.groups.count);
         out.extend_from_slice(self.groups.raw);
-        if self.merge != Merge::Store {
-            put_u8(out, self.merge as u8);
-        }
+        put_merge(out, self.merge, self.write_key);
         Ok(())
+    }
+}
+
+/// The optional tail of a PUT body: the merge byte (absent for `Store`), then the write key
+/// (absent when 0, and without a merge).
+fn put_merge(out: &mut Vec<u8>, merge: Merge, write_key: u64) {
+    if merge != Merge::Store {
+        put_u8(out, merge as u8);
+        if write_key != 0 {
+            put_u64(out, write_key);
+        }
     }
 }
 
@@ -331,6 +352,7 @@ pub struct PutWriter<'o> {
     groups: u32,
     value_type: ValueType,
     merge: Merge,
+    write_key: u64,
 }
 
 impl<'o> PutWriter<'o> {
@@ -357,6 +379,7 @@ impl<'o> PutWriter<'o> {
             groups: 0,
             value_type,
             merge: Merge::Store,
+            write_key: 0,
         })
     }
 
@@ -535,12 +558,17 @@ impl<'o> PutWriter<'o> {
         self.merge = merge;
     }
 
+    /// Names the write (nonzero, the same in every try of it) so that each replica applies each
+    /// partition group of a merge once however often it is sent (section 7.5). Written only with
+    /// a merge: a store applied twice stores the same.
+    pub fn set_write_key(&mut self, write_key: u64) {
+        self.write_key = write_key;
+    }
+
     /// Completes the frame.
     pub fn finish(self) -> Result<(), FrameError> {
         patch_u32(self.p.out, self.groups_at, self.groups);
-        if self.merge != Merge::Store {
-            put_u8(self.p.out, self.merge as u8);
-        }
+        put_merge(self.p.out, self.merge, self.write_key);
         self.p.finish()
     }
 }

@@ -489,13 +489,56 @@ fn the_merge_byte_is_optional_and_round_trips() {
         assert_eq!(p.merge, m);
         roundtrip_request(&Request::Put(p), 1);
     }
-    // A merge byte 0 or above 3, or two bytes, is malformed.
+    // A merge byte 0 or above 3, two bytes, a write key 0 or a short one is malformed.
     let body = &plain[HEADER_LEN..];
-    for tail in [&[0u8][..], &[4], &[1, 1]] {
+    let zero_key = [1u8, 0, 0, 0, 0, 0, 0, 0, 0];
+    for tail in [
+        &[0u8][..],
+        &[4],
+        &[1, 1],
+        &zero_key,
+        &[1, 7, 0, 0, 0, 0, 0, 0],
+    ] {
         let mut b = body.to_vec();
         b.extend_from_slice(tail);
         assert!(Put::decode(&b).is_err(), "tail {tail:?}");
     }
+}
+
+#[test]
+fn a_merge_carries_its_write_key_and_a_forward_keeps_it() {
+    let mut out = Vec::new();
+    let mut w = PutWriter::begin(&mut out, 1, "n", 1, 1, ValueType::I64).unwrap();
+    w.set_merge(Merge::Add);
+    w.set_write_key(0xfeed);
+    w.group_i64(0, [b"a"], &[5]).unwrap();
+    w.group_i64(3, [b"b"], &[6]).unwrap();
+    w.finish().unwrap();
+    let Request::Put(p) = Request::decode(&frame_of(&out)).unwrap() else {
+        panic!()
+    };
+    assert_eq!((p.merge, p.write_key), (Merge::Add, 0xfeed));
+    roundtrip_request(&Request::Put(p), 1);
+    let groups: Vec<_> = p.groups.iter().collect();
+    let mut fwd = Vec::new();
+    p.encode_replica(&mut fwd, 9, 2, &groups[1..]).unwrap();
+    let Request::Put(f) = Request::decode(&frame_of(&fwd)).unwrap() else {
+        panic!()
+    };
+    assert_eq!(
+        (f.merge, f.write_key, f.groups.iter().count()),
+        (Merge::Add, 0xfeed, 1)
+    );
+    // A store carries none (set_write_key is ignored without a merge).
+    out.clear();
+    let mut w = PutWriter::begin(&mut out, 1, "n", 1, 1, ValueType::I64).unwrap();
+    w.set_write_key(0xfeed);
+    w.group_i64(0, [b"a"], &[5]).unwrap();
+    w.finish().unwrap();
+    let Request::Put(p) = Request::decode(&frame_of(&out)).unwrap() else {
+        panic!()
+    };
+    assert_eq!(p.write_key, 0);
 }
 
 #[test]

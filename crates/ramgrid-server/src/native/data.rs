@@ -144,6 +144,9 @@ impl Conn {
             check_mergeable(&tv, p.groups.iter().map(|g| g.partition))?;
         }
         self.status.clear();
+        // A merge with a write key: each partition group once, however often it comes (ledger.rs).
+        let mut ledger = (merge.is_some() && p.write_key != 0)
+            .then(|| state.replication.ledger.entry(p.write_key));
         for g in p.groups.iter() {
             if !type_ok {
                 self.status.extend(std::iter::repeat_n(
@@ -152,6 +155,13 @@ impl Conn {
                 ));
                 continue;
             }
+            if let Some(done) = ledger.as_ref().and_then(|l| l.applied(g.partition)) {
+                if done.len() == g.keys.len() {
+                    self.status.extend_from_slice(done);
+                    continue;
+                }
+            }
+            let start = self.status.len();
             let items = g.keys.zip(g.values).map(|(k, v)| (k, value_ref(vt, v)));
             match merge {
                 Some(op) => tv.merge_batch_then(g.partition, items, op, &mut self.status, |_| ()),
@@ -162,6 +172,9 @@ impl Conn {
                 }),
             }
             .map_err(|e| refusal(&e))?;
+            if let Some(l) = ledger.as_mut() {
+                l.record(g.partition, &self.status[start..]);
+            }
         }
         self.commit = log.map(|log| (log, ticket));
         Ok(())
