@@ -258,9 +258,12 @@ impl Client {
     /// call created are dropped and the next number is tried.
     pub fn create_version(&self, table: &str) -> Result<u32> {
         let _call = self.call();
-        let topo = self.topology();
+        self.on_every_server(|topo| self.create_version_on(topo, table))
+    }
+
+    fn create_version_on(&self, topo: &Topology, table: &str) -> Result<u32> {
         for _ in 0..CREATE_VERSION_TRIES {
-            let infos = self.describe_all(&topo, table)?;
+            let infos = self.describe_all(topo, table)?;
             if infos.is_empty() {
                 return Err(Error::TableNotFound(table.to_string()));
             }
@@ -281,7 +284,7 @@ impl Client {
                 creator,
             });
             let mut conflict = false;
-            let created = self.ask_all(&topo, &req, |s, resp| match resp {
+            let created = self.ask_all(topo, &req, |s, resp| match resp {
                 Response::Done => Ok(true),
                 Response::Error(e) if e.status == Status::VersionExists => {
                     conflict = true;
@@ -318,13 +321,14 @@ impl Client {
     /// Seals a version on every server (idempotent).
     pub fn seal_version(&self, table: &str, version: u32) -> Result<()> {
         let _call = self.call();
-        let topo = self.topology();
         let req = Request::SealVersion(VersionRef::new(table, version));
-        self.ask_all(&topo, &req, |s, resp| match resp {
-            Response::Done => Ok(()),
-            Response::Error(e) if e.status == Status::VersionSealed => Ok(()),
-            Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, table, version, e)),
-            other => Err(unexpected(&topo.pools[s].addr, &other)),
+        self.on_every_server(|topo| {
+            self.ask_all(topo, &req, |s, resp| match resp {
+                Response::Done => Ok(()),
+                Response::Error(e) if e.status == Status::VersionSealed => Ok(()),
+                Response::Error(e) => Err(refusal_err(&topo.pools[s].addr, table, version, e)),
+                other => Err(unexpected(&topo.pools[s].addr, &other)),
+            })
         })?;
         // Every server answered: the version is sealed everywhere, so the near cache may keep it.
         self.inner
@@ -338,8 +342,11 @@ impl Client {
     /// holds it sealed.
     pub fn set_current(&self, table: &str, version: u32) -> Result<()> {
         let _call = self.call();
-        let topo = self.topology();
-        let infos = self.describe_all(&topo, table)?;
+        self.on_every_server(|topo| self.set_current_on(topo, table, version))
+    }
+
+    fn set_current_on(&self, topo: &Topology, table: &str, version: u32) -> Result<()> {
+        let infos = self.describe_all(topo, table)?;
         if infos.len() < topo.pools.len() {
             return Err(Error::TableNotFound(table.to_string()));
         }
@@ -361,10 +368,28 @@ impl Client {
             }
         }
         let req = Request::SetCurrent(VersionRef::new(table, version));
-        self.broadcast(&topo, &req, table, version, |s, resp| match resp {
+        self.broadcast(topo, &req, table, version, |s, resp| match resp {
             Response::Done => Ok(()),
             other => Err(OpError::Fatal(unexpected(&topo.pools[s].addr, &other))),
         })
+    }
+
+    /// Runs `f`, an operation on every server of the topology; if a server could not be reached,
+    /// refreshes the spec and, if the cluster moved on meanwhile (the server was failed over),
+    /// runs `f` once more under the new one.
+    fn on_every_server<T>(&self, f: impl Fn(&Topology) -> Result<T>) -> Result<T> {
+        let topo = self.topology();
+        match f(&topo) {
+            Err(e @ (Error::Connect { .. } | Error::Io { .. } | Error::Timeout { .. })) => {
+                let _ = self.refresh_spec();
+                let now = self.topology();
+                if now.epoch == topo.epoch {
+                    return Err(e);
+                }
+                f(&now)
+            }
+            r => r,
+        }
     }
 
     /// Drops a version on every server. Fails only if no server had it.

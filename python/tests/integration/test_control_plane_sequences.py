@@ -246,6 +246,21 @@ def test_cluster_recover_with_a_learner_alive_it_joins_the_new_group() -> None:
         assert set(health["voters_alive"]) == live, health
 
 
+def test_a_version_made_right_after_a_fail_over(grid: Any) -> None:
+    """A client whose last call predates a fail-over makes a new version at once: the version operations reach every
+    server of the spec, so a server that cannot be reached makes the client refresh its spec and go on without it
+    (it raised ConnectionFailed before)."""
+    t = grid.create_table("vers", partitions=8, replication=2, value_type="i64")
+    with t.new_version() as v:
+        v.put_many(KEYS, KEYS)
+    grid.wait_repaired()
+    grid.kill(2)
+    time.sleep(3.5)  # failed over (2 s), and this client has not asked anyone since
+    with t.new_version() as v:
+        v.put_many(KEYS, KEYS * 2)
+    assert (t.get_many(KEYS) == KEYS * 2).all()
+
+
 def test_adding_a_server_while_a_member_is_down_waits_for_its_fail_over(grid: Any) -> None:
     t = _table(grid)
     grid.kill(2)

@@ -15,6 +15,7 @@
 //!   number of a dropped version stays used (the high-water mark never goes down).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -211,6 +212,8 @@ impl Meta {
             installer.observe(&ms);
         }
         installer.install(state);
+        self.settled
+            .store(installer.wanted.is_empty(), Ordering::Release);
     }
 }
 
@@ -238,6 +241,12 @@ pub(crate) struct Installer {
 }
 
 impl Installer {
+    /// Whether no switch of `table` the group committed waits here for its version (before the
+    /// first sync nothing is known to wait).
+    pub(crate) fn installed(&self, table: &str) -> bool {
+        !self.wanted.contains_key(table)
+    }
+
     /// Whether the installer has read the group's state since this server started.
     pub(crate) fn synced(&self) -> bool {
         self.synced

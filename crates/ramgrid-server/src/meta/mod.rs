@@ -76,6 +76,8 @@ pub struct Meta {
     seen_failures: Mutex<Option<u64>>,
     /// Installs the current versions the group committed (`catalog.rs`).
     installer: Mutex<catalog::Installer>,
+    /// Whether the installer has no switch waiting here: the fast path of [`Node::current_known`].
+    settled: AtomicBool,
     /// Proposals made here: committed, refused by the state machine, failed (no quorum, other).
     proposals: [AtomicU64; 3],
     /// Fail-overs and rejoins this node proposed as leader, and their last outcome.
@@ -166,6 +168,7 @@ pub fn start(
         stale: AtomicBool::new(false),
         seen_failures: Mutex::new(None),
         installer: Mutex::default(),
+        settled: AtomicBool::new(true),
         proposals: Default::default(),
         events: Default::default(),
         voters_answering: AtomicU64::new(0),
@@ -211,6 +214,15 @@ fn node_id(dir: Option<&std::path::Path>, addr: &str) -> anyhow::Result<NodeId> 
 }
 
 impl Node {
+    /// Whether no version switch of `table` the group committed waits here for its version to be
+    /// copied in (always outside a group): `checks::check_current_known`.
+    pub fn current_known(&self, table: &str) -> bool {
+        match self.meta.get() {
+            Some(m) if m.in_group() => m.current_installed(table),
+            _ => true,
+        }
+    }
+
     /// NO_QUORUM while this server is cut off from the metadata group ([`Meta::check_quorum`]).
     pub fn check_quorum(&self) -> Result<(), ErrorReply> {
         match self.meta.get() {
@@ -482,6 +494,17 @@ impl Meta {
             Ok(Err(e)) => Err(ErrorReply::new(Status::Internal, e.to_string())),
             Err(e) => Err(ErrorReply::new(Status::Internal, e.to_string())),
         }
+    }
+
+    /// Whether `table`'s current version here is the one the group committed (module docs, 4).
+    fn current_installed(&self, table: &str) -> bool {
+        if self.settled.load(Ordering::Acquire) {
+            return true;
+        }
+        self.installer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .installed(table)
     }
 
     fn installer_synced(&self) -> bool {

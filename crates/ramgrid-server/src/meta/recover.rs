@@ -136,6 +136,7 @@ impl Meta {
             .map_err(|e| internal(&e))?;
         *self.node.write() = node.clone();
         *self.installer.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
+        self.settled.store(true, Ordering::Release);
         self.member.store(false, Ordering::Release);
         self.stale.store(false, Ordering::Release);
         self.swaps.send_modify(|n| *n += 1);

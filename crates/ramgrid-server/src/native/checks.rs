@@ -47,6 +47,30 @@ pub(super) fn check_copied(
     Err(ErrorReply::repairing(pending))
 }
 
+/// A read of the current version (asked as version 0) on a server where a switch the group
+/// committed waits for its version to be copied in (a restarted server, say) is refused with
+/// REPAIRING for `partitions`: the client reads them from another replica, which answers the new
+/// version, instead of this one answering the previous. A version asked by number is unaffected.
+/// (Before its first read of the group's state after a start, a server does not know of such a
+/// switch: that window, one keeper tick, remains.)
+pub(super) fn check_current_known(
+    state: &Node,
+    tv: &TableVersion,
+    asked: u32,
+    partitions: impl Iterator<Item = u32>,
+) -> Result<(), ErrorReply> {
+    if asked != 0 || state.current_known(&tv.spec().name) {
+        return Ok(());
+    }
+    let mut parts: Vec<u32> = partitions.collect();
+    parts.sort_unstable();
+    parts.dedup();
+    Err(ErrorReply {
+        message: "this server is still learning which version the cluster made current".into(),
+        ..ErrorReply::repairing(parts)
+    })
+}
+
 /// Refuses with NOT_OWNER listing every requested partition this server does not hold, before any key is touched.
 pub(super) fn check_held(
     tv: &TableVersion,

@@ -7,7 +7,10 @@ use ramgrid_proto::native::{
 use ramgrid_store::tables::{KeyStatus as StoreKeyStatus, MergeOp, TableVersion, ValueType};
 use ramgrid_store::Error as StoreError;
 
-use super::checks::{check_copied, check_epoch, check_held, check_incarnation, check_read_quorum};
+use super::checks::{
+    check_copied, check_current_known, check_epoch, check_held, check_incarnation,
+    check_read_quorum,
+};
 use super::handler::Conn;
 use crate::convert::{refusal, store_value_type, value_ref, wire_value_type};
 use crate::node::Node;
@@ -76,6 +79,7 @@ impl Conn {
                 check_incarnation(&tv, b.incarnation)?;
                 check_held(&tv, b.groups.iter().map(|g| g.partition))?;
                 check_copied(&tv, b.groups.iter().map(|g| g.partition))?;
+                check_current_known(state, &tv, b.version, b.groups.iter().map(|g| g.partition))?;
                 // One call for the whole frame: its lookups share one prefetching pipeline
                 // whatever the number of partitions (a group per partition holds few keys).
                 // No reply frame is larger than the body limit HELLO announced (that of requests)

@@ -20,7 +20,7 @@ use ramgrid_proto::native::{
 };
 use ramgrid_store::ops::{self as kernels, Op, OpOutput, Range};
 
-use super::checks::{after_pass, before_pass, check_copied, check_held};
+use super::checks::{after_pass, before_pass, check_copied, check_current_known, check_held};
 use crate::convert::refusal;
 use crate::node::Node;
 
@@ -79,6 +79,7 @@ pub(super) fn answer(
     }
     check_held(&tv, o.partitions.iter())?;
     check_copied(&tv, o.partitions.iter())?;
+    check_current_known(state, &tv, o.version, o.partitions.iter())?;
     let mut results = Vec::with_capacity(o.partitions.len());
     for p in o.partitions.iter() {
         let partial = tv

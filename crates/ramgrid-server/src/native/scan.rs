@@ -21,7 +21,7 @@ use ramgrid_store::ops::scan::{page, Entries};
 use ramgrid_store::ops::Range;
 use ramgrid_store::tables::{PartitionView, ValueRef};
 
-use super::checks::{after_pass, before_pass, check_copied, check_held};
+use super::checks::{after_pass, before_pass, check_copied, check_current_known, check_held};
 use crate::convert::{refusal, wire_value_type};
 use crate::node::Node;
 
@@ -48,6 +48,7 @@ pub(super) fn answer(
     }
     check_held(&tv, std::iter::once(p))?;
     check_copied(&tv, std::iter::once(p))?;
+    check_current_known(state, &tv, q.version, std::iter::once(p))?;
     let frame_room = state.max_body.saturating_sub(REPLY_SLACK);
     let budget = (q.max_bytes as usize).min(frame_room).max(1);
     let pred = q.predicate.map(|p| Range {
