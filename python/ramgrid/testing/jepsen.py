@@ -8,7 +8,10 @@ What is recorded (docs/jepsen.md has the format and how to read the verdict):
 
 - Each client process does at most `ops_per_client` single-key operations, at most `rate` a second, until its
   deadline: `put_many` of one key with a value no other operation writes (model "register"), or
-  `put_many(merge="add")` of a delta (model "counter"), or `lookup` of one key. Times are `time.monotonic_ns()`
+  `put_many(merge="add")` of a delta (model "counter"), or a version switch (model "switch": each key has a table
+  of its own; a write makes a new version holding the key with the version's number as its value and commits it,
+  so the register's value is the version current), or `lookup` of one key (an unpinned read of the current
+  version). Times are `time.monotonic_ns()`
   (CLOCK_MONOTONIC, one clock for every process of the host).
 - An operation's status is `ok` (it returned), `fail` (it definitely did nothing) or `info` (indeterminate: a
   timeout, a broken connection, a partial acknowledgement). The client gives no definite refusal for a write that
@@ -49,7 +52,9 @@ from typing import Any
 __all__ = ["JepsenConfig", "JepsenResult", "checker_binary", "main", "run_checker", "run_jepsen"]
 
 NEMESES = ("pause", "kill", "restart")
-MODELS = {"register": "put", "counter": "add"}
+MODELS = {"register": "put", "counter": "add", "switch": "switch"}
+# The checker's model for each: a switch writes a register whose value is the version made current.
+CHECKER_MODELS = {"register": "register", "counter": "counter", "switch": "register"}
 REPO_ROOT = Path(__file__).resolve().parents[3]
 TABLE = "jepsen"
 PARTITIONS = 8
@@ -202,6 +207,7 @@ def _client_main(args: dict[str, Any], ready: Any, go: Any) -> None:
     rng = random.Random(args["seed"])
     keys: list[str] = args["keys"]
     cid, nclients, write = int(args["client"]), int(args["clients"]), MODELS[args["model"]]
+    tables = {k: grid.table(table_of(args["model"], k)) for k in keys}
     process = cid
     grid.status()  # connects before the start, so the first operation's time is not the connection's
     ready.put(cid)
@@ -226,12 +232,16 @@ def _client_main(args: dict[str, Any], ready: Any, go: Any) -> None:
                 rec["f"] = "get"
                 rec["call"] = time.monotonic_ns()
                 try:
-                    values, found = table.lookup([key])
+                    values, found = tables[key].lookup([key])
                     rec["return"] = time.monotonic_ns()
                     rec["output"] = int(values[0]) if bool(found[0]) else None
                 except RamgridError as e:
                     # A read changes nothing: the checker drops it whatever its status; info is the honest one.
                     rec["return"], status, err = None, "info", f"{type(e).__name__}: {e}"
+            elif write == "switch":
+                rec["f"] = "put"
+                rec["call"] = time.monotonic_ns()
+                status, err = _switch(tables[key], key, rec, seq)
             else:
                 # Unique per operation: client id in the high digits, so a read names the write it saw.
                 value = cid * 1_000_000_000 + seq + 1 if write == "put" else rng.randint(1, 9)
@@ -256,6 +266,48 @@ def _client_main(args: dict[str, Any], ready: Any, go: Any) -> None:
                 # stays open to the end of the history, which the checker pays for (docs/jepsen.md).
                 time.sleep(min(rng.uniform(0.1, 0.5), max(0.0, (deadline - time.monotonic_ns()) / 1e9)))
     grid.close()
+
+
+def table_of(model: str, key: str) -> str:
+    """The table `key` lives in: one shared table, or one per key for version switches."""
+    return f"{TABLE}-{key}" if model == "switch" else TABLE
+
+
+def _switch(table: Any, key: str, rec: dict[str, Any], seq: int) -> tuple[str, str | None]:
+    """One version switch of `table`: a new version holding `key` = the version's number, committed. Returns (status,
+    error): `fail` when it failed before the commit (no version was made current), `info` when the commit failed
+    (it may have switched some servers' view). Every 20th switch drops versions well behind, so that a long run
+    does not pile them up; a drop that fails (the version is in use, a server is away) is left for later."""
+    import numpy as np
+
+    from ramgrid.exceptions import RamgridError
+
+    try:
+        w = table.new_version().begin()
+    except RamgridError as e:
+        # No version number yet; the checker drops a failed op, but reads its value (no version is ever 0).
+        rec["return"], rec["value"] = time.monotonic_ns(), 0
+        return "fail", f"{type(e).__name__}: {e}"
+    rec["value"] = w.version
+    try:
+        w.put_many([key], np.array([w.version], dtype=np.int64))
+    except RamgridError as e:
+        rec["return"] = time.monotonic_ns()
+        with contextlib.suppress(RamgridError):
+            w.abort()
+        return "fail", f"{type(e).__name__}: {e}"
+    try:
+        w.commit()
+        rec["return"] = time.monotonic_ns()
+    except RamgridError as e:
+        rec["return"] = None
+        return "info", f"{type(e).__name__}: {e}"
+    if seq % 20 == 0:
+        with contextlib.suppress(RamgridError):
+            for v in table.versions():
+                if v["version"] < w.version - 20:  # (the current one is refused: it stays)
+                    table.drop_version(v["version"])
+    return "ok", None
 
 
 # -- the nemesis ---------------------------------------------------------------------------------------------------
@@ -403,7 +455,9 @@ def _recv_frame(s: socket.socket) -> dict[str, Any]:
                 raise
 
 
-def replica_get(address: str, key: str, partition: int, token: str | None = None, timeout: float = 2.0) -> Any:
+def replica_get(
+    address: str, key: str, partition: int, token: str | None = None, timeout: float = 2.0, table: str = TABLE
+) -> Any:
     """What server `address` alone holds for `key` of the table: an int, None (missing), or a string naming what
     it answered instead (REPAIRING, NOT_OWNER, an error). A raw GET (docs/protocol-native.md), so no client
     failover or replica choice stands between the question and that server."""
@@ -418,7 +472,7 @@ def replica_get(address: str, key: str, partition: int, token: str | None = None
             if reply["status"] != "OK":
                 return f"HELLO {reply['status']}"
             group = {"partition": partition, "keys_hex": [key.encode().hex()]}
-            get = {"table": TABLE, "version": 0, "epoch": int(reply["epoch"]), "incarnation": 0, "groups": [group]}
+            get = {"table": table, "version": 0, "epoch": int(reply["epoch"]), "incarnation": 0, "groups": [group]}
             s.sendall(_wire.encode_message("GET", 2, get))
             reply = _recv_frame(s)
     except (OSError, _wire.WireError) as e:
@@ -435,29 +489,32 @@ def replica_get(address: str, key: str, partition: int, token: str | None = None
 _TRANSIENT = ("NO_QUORUM", "REPAIRING", "WRONG_EPOCH", "error:")
 
 
-def _settled_get(address: str, key: str, partition: int, token: str | None, patience: float = 10.0) -> Any:
+def _settled_get(
+    address: str, key: str, partition: int, token: str | None, patience: float = 10.0, table: str = TABLE
+) -> Any:
     """`replica_get`, asked again for up to `patience` seconds while the answer is a refusal that passes (a server
     catching up, copying, on an older spec, or not accepting connections yet)."""
     deadline = time.monotonic() + patience
     while True:
-        got = replica_get(address, key, partition, token)
+        got = replica_get(address, key, partition, token, table=table)
         if not (isinstance(got, str) and got.startswith(_TRANSIENT)) or time.monotonic() > deadline:
             return got
         time.sleep(0.1)
 
 
-def convergence(grid: Any, keys: Sequence[str]) -> dict[str, Any]:
+def convergence(grid: Any, keys: Sequence[str], model: str = "register") -> dict[str, Any]:
     """Each key read from each of its replicas alone: {"replicas": {key: {address: value}}, "agree": [keys],
     "disagree": [keys]}. A replica that answers anything but a value or a miss makes its key disagree."""
     from ramgrid import _native
 
-    table = grid.table(TABLE)
-    table.lookup(list(keys))  # a read first, so the client routes by the spec the servers hold now
-    owners = table.owners()
     out: dict[str, Any] = {"replicas": {}, "agree": [], "disagree": []}
     for key in keys:
+        name = table_of(model, key)
+        table = grid.table(name)
+        table.lookup([key])  # a read first, so the client routes by the spec the servers hold now
+        owners = table.owners()
         p = _native.partition_of(key, PARTITIONS)
-        seen = {addr: _settled_get(addr, key, p, grid.config.token) for addr in owners[p]}
+        seen = {addr: _settled_get(addr, key, p, grid.config.token, table=name) for addr in owners[p]}
         out["replicas"][key] = seen
         values = list(seen.values())
         same = all(not isinstance(v, str) for v in values) and all(v == values[0] for v in values)
@@ -485,7 +542,8 @@ def run_jepsen(cfg: JepsenConfig) -> JepsenResult:
     try:
         with ramgrid.local(servers=3, memory="64MiB", extra_args=extra, data_dir=data_dir) as grid:
             durability = "log" if data_dir is not None else "memory"
-            grid.create_table(TABLE, partitions=PARTITIONS, replication=2, value_type="i64", durability=durability)
+            for name in {table_of(cfg.model, k) for k in keys}:
+                grid.create_table(name, partitions=PARTITIONS, replication=2, value_type="i64", durability=durability)
             ctx = multiprocessing.get_context("spawn")
             ready, go = ctx.Queue(), ctx.Event()
             procs = []
@@ -543,11 +601,13 @@ def run_jepsen(cfg: JepsenConfig) -> JepsenResult:
                 raise RuntimeError(f"the nemesis failed: {nemesis.error!r}") from nemesis.error
             if not wait_whole(grid, 60.0):
                 notes.append("the cluster was not whole 60 s after the run: replicas read as they were")
-            conv = convergence(grid, keys)
+            conv = convergence(grid, keys, cfg.model)
         events = nemesis.events if nemesis is not None else []
         history = cfg.out / "history.jsonl"
         ops = _write_history(history, [work / f"client{c}.jsonl" for c in range(cfg.clients)], events)
-        verdict = run_checker(history, cfg.model, cfg.out, timeout=cfg.check_timeout, shrink_timeout=cfg.shrink_timeout)
+        verdict = run_checker(
+            history, CHECKER_MODELS[cfg.model], cfg.out, timeout=cfg.check_timeout, shrink_timeout=cfg.shrink_timeout
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = JepsenResult(history, verdict, ops, events, conv, time.monotonic() - started, notes)
