@@ -744,6 +744,8 @@ class VersionWriter(_Reader):
             c.seal_version(self.name, self.version)
             c.set_current(self.name, self.version)
         except BaseException:
+            # The switch may have been committed all the same (a reply lost, a server gone mid-call): then the
+            # version is current and the abort's drop is refused, which says so; the caller gets the first error.
             self.abort()
             raise
         self._state = "committed"
@@ -751,13 +753,17 @@ class VersionWriter(_Reader):
         return self.version
 
     def abort(self) -> None:
-        """Drops the version; the previous one stays current."""
+        """Drops the version; the previous one stays current. After a commit that failed, the switch may have taken
+        effect all the same: then the version is current and stays (logged)."""
         if self._state != "open":
             return
         self._state = "aborted"
         log.info("aborted version %d of %s: the previous version stays current", self.version, self.name)
         try:
             self._client().drop_version(self.name, self.version)
+        except ValueError as e:
+            # Refused as the current version: a commit that failed took effect after all. It stays (and current).
+            log.warning("version %d of %s: not dropped after the abort: %s", self.version, self.name, e)
         except RamgridError as e:
             log.warning(
                 "version %d of %s: the drop after the abort failed (%s); it stays invisible", self.version, self.name, e

@@ -299,7 +299,7 @@ def _switch(table: Any, key: str, rec: dict[str, Any], seq: int) -> tuple[str, s
     try:
         w.commit()
         rec["return"] = time.monotonic_ns()
-    except RamgridError as e:
+    except (RamgridError, ValueError) as e:
         rec["return"] = None
         return "info", f"{type(e).__name__}: {e}"
     if seq % 20 == 0:
