@@ -203,7 +203,11 @@ def test_cluster_recover_rebuilds_the_group_from_the_survivor_and_a_dead_voter_r
     with pytest.raises(RamgridError, match="unavailable|REPAIRING"):
         single.get_many(KEYS)
     survivor = next(s for s in grid.status() if s["server"] == grid.addresses[0])
-    assert survivor.get("stranded_partitions") == len(on_dead), (on_dead, survivor.get("repairing"), single.owners())
+    # At least the lost ones. Sometimes one more: the first fail-over's map may give one of the survivor's own R=1
+    # partitions to the other dead server (not failed over yet), and the second gives it back, empty (noted in
+    # docs/control-plane.md; the map balances, it does not only move a dead server's partitions).
+    repairing = {int(p) for p in str(survivor.get("repairing")).rsplit(" ", 1)[-1].split(",")}
+    assert set(on_dead) <= repairing and survivor.get("stranded_partitions") == len(repairing) < 8, (on_dead, survivor)
     # The operator's remedy for lost data: drop (or reload) the table. Until then no rejoin begins.
     grid.drop_table("single")
     # A dead voter comes back from its state directory: reset by the new leader, it joins and rejoins the spec.
