@@ -657,15 +657,8 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("ramgrid-metrics".into())
         .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    tracing::error!("cannot start the metrics runtime: {e}");
-                    return;
-                }
+            let Some(rt) = crate::server::thread_runtime("metrics") else {
+                return;
             };
             rt.block_on(async move {
                 let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {

@@ -84,17 +84,9 @@ pub fn spawn(node: &Arc<Node>, every: Duration) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("ramgrid-replica-check".into())
         .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    tracing::error!("replica checks off: {e}");
-                    return;
-                }
-            };
-            rt.block_on(run(weak, pool, every));
+            if let Some(rt) = crate::server::thread_runtime("replica check") {
+                rt.block_on(run(weak, pool, every));
+            }
         })?;
     Ok(())
 }

@@ -377,6 +377,21 @@ fn reject(stream: TcpStream) {
     let _ = stream.shutdown(std::net::Shutdown::Both);
 }
 
+/// A runtime for the calling thread alone (a worker, the metrics endpoint, the replica checks);
+/// `None`, logged, if the system refuses one (out of file descriptors, say).
+pub(crate) fn thread_runtime(what: &str) -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            tracing::error!("cannot start the {what} runtime: {e}");
+            None
+        }
+    }
+}
+
 fn worker_main(
     mut rx: mpsc::UnboundedReceiver<TcpStream>,
     shared: Arc<Shared>,
@@ -386,15 +401,8 @@ fn worker_main(
     write_timeout: Duration,
     crawler: bool,
 ) {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!("cannot start worker runtime: {e}");
-            return;
-        }
+    let Some(rt) = thread_runtime("worker") else {
+        return;
     };
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
