@@ -353,4 +353,6 @@ impl<'a> Col<'a> {
 #[cfg(test)]
 mod scan_tests;
 #[cfg(test)]
+mod simd_tests;
+#[cfg(test)]
 mod tests;

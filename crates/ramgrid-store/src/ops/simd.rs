@@ -65,6 +65,19 @@ pub(crate) fn has_avx2() -> bool {
     }
 }
 
+/// Whether this CPU runs the kernels written with AVX2 and FMA intrinsics (checked once, then a
+/// cached load).
+pub(crate) fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Defines `$name` running `$body` (an `#[inline(always)]` fn) built for AVX2 when the CPU has it.
 macro_rules! dispatch {
     ($vis:vis fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty => $body:path) => {

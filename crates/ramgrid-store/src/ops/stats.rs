@@ -27,6 +27,7 @@ pub struct StatsPartial {
 
 const L: usize = 4;
 
+/// Per-lane partial sums; [`Acc::finish`] folds the lanes.
 #[derive(Clone, Copy)]
 struct Acc {
     n: [u64; L],
@@ -94,6 +95,16 @@ impl Acc {
 
 /// Statistics of column `column` over the items of `view` selected by `pred`.
 pub(crate) fn stats(view: &PartitionView<'_>, column: u32, pred: Option<&Range>) -> StatsPartial {
+    stats_with(view, column, pred, true)
+}
+
+/// [`stats`], with the intrinsics kernel where the CPU has it if `simd` (else the scalar reference).
+pub(crate) fn stats_with(
+    view: &PartitionView<'_>,
+    column: u32,
+    pred: Option<&Range>,
+    simd: bool,
+) -> StatsPartial {
     let n = view.len();
     let col = Col::of(view, column);
     let sel_col = pred.map(|r| (Col::of(view, r.component), r.lo, r.hi));
@@ -105,8 +116,10 @@ pub(crate) fn stats(view: &PartitionView<'_>, column: u32, pred: Option<&Range>)
     let mut acc = Acc::new();
     // The predicate's bounds are compared with `&`, not `&&`: no branch, so the loops vectorize.
     match (col, sel_col) {
-        (Col::F64(v), None) => acc = f64_all(v, k),
-        (Col::F64(v), Some((Col::F64(_), lo, hi))) => acc = f64_range(v, k, lo, hi),
+        (Col::F64(v), None) => acc = avx2::stats(v, k, None, simd).unwrap_or_else(|| f64_all(v, k)),
+        (Col::F64(v), Some((Col::F64(_), lo, hi))) => {
+            acc = avx2::stats(v, k, Some((lo, hi)), simd).unwrap_or_else(|| f64_range(v, k, lo, hi))
+        }
         (Col::I64(v), None) => acc = i64_all(v, k),
         (Col::I64(v), Some((Col::I64(_), lo, hi))) => acc = i64_range(v, k, lo, hi),
         (col, None) => run(&mut acc, n, k, |i| (true, col.get(i))),
@@ -118,7 +131,7 @@ pub(crate) fn stats(view: &PartitionView<'_>, column: u32, pred: Option<&Range>)
     acc.finish(k)
 }
 
-// The scalar columns' loops, built for AVX2 too (`simd.rs`).
+// The scalar reference loops (and the fallback without AVX2 and FMA), built for AVX2 too (`simd.rs`).
 dispatch!(fn f64_all(v: &[f64], k: f64) -> Acc => f64_all_body);
 dispatch!(fn f64_range(v: &[f64], k: f64, lo: f64, hi: f64) -> Acc => f64_range_body);
 dispatch!(fn i64_all(v: &[i64], k: f64) -> Acc => i64_all_body);
@@ -179,5 +192,108 @@ fn run(acc: &mut Acc, n: usize, k: f64, f: impl Fn(usize) -> (bool, f64)) {
     for i in whole..n {
         let (sel, x) = f(i);
         acc.add(0, sel, x, k);
+    }
+}
+
+/// The f64 column's pass written with AVX2 and FMA intrinsics: two sets of four lanes (eight values
+/// per step, so the additions' latencies overlap), the predicate as a compare mask that zeroes the
+/// unselected values (never a multiply by 0: an infinite value outside the predicate stays out of
+/// the sums) and sends them to +-inf for the extremes, as [`Acc::add`] does lane by lane.
+mod avx2 {
+    use super::{Acc, L};
+
+    /// The statistics of `v` shifted by `k` (selected by `lo <= x < hi` when `pred` is given);
+    /// `None` on a CPU without AVX2 and FMA (the caller runs the scalar loop).
+    pub(super) fn stats(v: &[f64], k: f64, pred: Option<(f64, f64)>, simd: bool) -> Option<Acc> {
+        #[cfg(target_arch = "x86_64")]
+        if simd && crate::ops::simd::has_avx2_fma() {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+            return Some(unsafe {
+                match pred {
+                    None => pass::<true>(v, k, 0.0, 0.0),
+                    Some((lo, hi)) => pass::<false>(v, k, lo, hi),
+                }
+            });
+        }
+        let _ = (v, k, pred, simd);
+        None
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn pass<const ALL: bool>(v: &[f64], k: f64, lo: f64, hi: f64) -> Acc {
+        use std::arch::x86_64::*;
+        let (kv, lov, hiv) = (_mm256_set1_pd(k), _mm256_set1_pd(lo), _mm256_set1_pd(hi));
+        let (inf, ninf) = (
+            _mm256_set1_pd(f64::INFINITY),
+            _mm256_set1_pd(f64::NEG_INFINITY),
+        );
+        let zero = _mm256_setzero_pd();
+        let mut n = [_mm256_setzero_si256(); 2];
+        let (mut s, mut d, mut d2) = ([zero; 2], [zero; 2], [zero; 2]);
+        let (mut mn, mut mx) = ([inf; 2], [ninf; 2]);
+        let mut chunks = v.chunks_exact(2 * L);
+        for ch in &mut chunks {
+            for u in 0..2 {
+                // SAFETY: `ch` holds 8 values; lanes 4u..4u+4 are in it.
+                let x = unsafe { _mm256_loadu_pd(ch.as_ptr().add(L * u)) };
+                let dx = _mm256_sub_pd(x, kv);
+                if ALL {
+                    s[u] = _mm256_add_pd(s[u], x);
+                    d[u] = _mm256_add_pd(d[u], dx);
+                    d2[u] = _mm256_fmadd_pd(dx, dx, d2[u]);
+                    // min_pd(a, b) gives b when either is NaN: a NaN value leaves the extremes, as
+                    // f64::min does.
+                    mn[u] = _mm256_min_pd(x, mn[u]);
+                    mx[u] = _mm256_max_pd(x, mx[u]);
+                } else {
+                    // Ordered compares: NaN is never selected.
+                    let m = _mm256_and_pd(
+                        _mm256_cmp_pd::<_CMP_GE_OQ>(x, lov),
+                        _mm256_cmp_pd::<_CMP_LT_OQ>(x, hiv),
+                    );
+                    // A selected lane's mask is all ones: -1 as an integer.
+                    n[u] = _mm256_sub_epi64(n[u], _mm256_castpd_si256(m));
+                    let dx = _mm256_and_pd(dx, m);
+                    s[u] = _mm256_add_pd(s[u], _mm256_and_pd(x, m));
+                    d[u] = _mm256_add_pd(d[u], dx);
+                    d2[u] = _mm256_fmadd_pd(dx, dx, d2[u]);
+                    mn[u] = _mm256_min_pd(_mm256_blendv_pd(inf, x, m), mn[u]);
+                    mx[u] = _mm256_max_pd(_mm256_blendv_pd(ninf, x, m), mx[u]);
+                }
+            }
+        }
+        let whole = (v.len() - chunks.remainder().len()) as u64;
+        let lanes = |a: __m256d, b: __m256d, f: fn(f64, f64) -> f64| -> [f64; L] {
+            let (mut x, mut y) = ([0.0; L], [0.0; L]);
+            // SAFETY: two arrays of four f64, written whole.
+            unsafe {
+                _mm256_storeu_pd(x.as_mut_ptr(), a);
+                _mm256_storeu_pd(y.as_mut_ptr(), b);
+            }
+            std::array::from_fn(|j| f(x[j], y[j]))
+        };
+        let add = |a: f64, b: f64| a + b;
+        let mut acc = Acc::new();
+        acc.s = lanes(s[0], s[1], add);
+        acc.d = lanes(d[0], d[1], add);
+        acc.d2 = lanes(d2[0], d2[1], add);
+        acc.min = lanes(mn[0], mn[1], f64::min);
+        acc.max = lanes(mx[0], mx[1], f64::max);
+        if ALL {
+            acc.n[0] = whole;
+        } else {
+            let (mut a, mut b) = ([0u64; L], [0u64; L]);
+            // SAFETY: two arrays of four u64, written whole.
+            unsafe {
+                _mm256_storeu_si256(a.as_mut_ptr().cast(), n[0]);
+                _mm256_storeu_si256(b.as_mut_ptr().cast(), n[1]);
+            }
+            acc.n = std::array::from_fn(|j| a[j] + b[j]);
+        }
+        for &x in chunks.remainder() {
+            acc.add(0, ALL || ((x >= lo) & (x < hi)), x, k);
+        }
+        acc
     }
 }

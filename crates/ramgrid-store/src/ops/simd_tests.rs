@@ -1,0 +1,166 @@
+//! The intrinsics kernels against the scalar reference loops, on the values that break SIMD code:
+//! NaN, infinities, signed zeros, empty and unaligned tails, predicates that select nothing and
+//! everything, values on the edges. On a CPU without AVX2 and FMA both sides run the reference.
+
+use proptest::prelude::*;
+
+use super::histogram::histogram_with;
+use super::stats::stats_with;
+use super::topk::top_k_with;
+use super::Range;
+use crate::tables::{PartitionView, ValueRef, ValueType};
+
+/// Runs `f` over a one-partition f64 table holding `xs`.
+fn with_view<R>(xs: &[f64], f: impl FnOnce(&PartitionView<'_>) -> R) -> R {
+    let t = super::tests::new_table(ValueType::F64);
+    let keys: Vec<Vec<u8>> = (0..xs.len())
+        .map(|i| format!("k{i:05}").into_bytes())
+        .collect();
+    let mut st = Vec::new();
+    t.put_batch(
+        "t",
+        0,
+        0,
+        keys.iter()
+            .map(|k| k.as_slice())
+            .zip(xs.iter().map(|&x| ValueRef::F64(x))),
+        &mut st,
+    )
+    .unwrap();
+    t.with_partition("t", 0, 0, |v| f(&v)).unwrap()
+}
+
+/// Equal, or both NaN (sums of infinities of both signs).
+fn same(a: f64, b: f64) -> bool {
+    (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= 1e-9 * (1.0 + a.abs().max(b.abs()))
+}
+
+/// The predicates worth trying over `xs`: none, nothing, everything, a middle slice, an empty
+/// range, one that ends on a value.
+fn predicates(xs: &[f64]) -> Vec<Option<Range>> {
+    let r = |lo, hi| {
+        Some(Range {
+            component: 0,
+            lo,
+            hi,
+        })
+    };
+    let mut out = vec![
+        None,
+        r(f64::NEG_INFINITY, f64::INFINITY),
+        r(1e300, 2e300),
+        r(0.0, 0.0),
+        r(-1.0, 1.0),
+        r(f64::NEG_INFINITY, 0.0),
+        r(0.0, f64::INFINITY),
+    ];
+    if let Some(&x) = xs.iter().find(|x| x.is_finite()) {
+        out.push(r(x, x + 1.0));
+        out.push(r(x - 1.0, x));
+    }
+    out
+}
+
+fn check(xs: &[f64]) -> Result<(), TestCaseError> {
+    with_view(xs, |view| {
+        for pred in predicates(xs) {
+            let (a, b) = (
+                stats_with(view, 0, pred.as_ref(), true),
+                stats_with(view, 0, pred.as_ref(), false),
+            );
+            prop_assert_eq!(a.count, b.count, "count {:?}", pred);
+            prop_assert!(
+                a.min == b.min && a.max == b.max,
+                "{:?} {:?} {:?}",
+                a,
+                b,
+                pred
+            );
+            prop_assert!(
+                same(a.sum, b.sum) && same(a.mean, b.mean) && same(a.m2, b.m2),
+                "{:?} {:?} {:?}",
+                a,
+                b,
+                pred
+            );
+            for edges in [
+                vec![-1.0, 0.0, 1.0],
+                (0..=16)
+                    .map(|i| -4.0 + f64::from(i) * 0.5)
+                    .collect::<Vec<_>>(),
+                (0..=10).map(|i| f64::from(i) / 10.0).collect(),
+            ] {
+                prop_assert_eq!(
+                    histogram_with(view, 0, pred.as_ref(), &edges, true),
+                    histogram_with(view, 0, pred.as_ref(), &edges, false),
+                    "edges {:?} pred {:?}",
+                    edges,
+                    pred
+                );
+            }
+            for k in [1, 3, xs.len() + 1] {
+                for largest in [true, false] {
+                    let (a, b) = (
+                        top_k_with(view, 0, k, largest, pred.as_ref(), true),
+                        top_k_with(view, 0, k, largest, pred.as_ref(), false),
+                    );
+                    // Bit-for-bit: -0.0 and 0.0 tie and go by key in both.
+                    let bits = |v: Vec<(u32, f64)>| -> Vec<(u32, u64)> {
+                        v.into_iter().map(|(i, x)| (i, x.to_bits())).collect()
+                    };
+                    prop_assert_eq!(bits(a), bits(b), "k {} largest {} {:?}", k, largest, pred);
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+const SPECIAL: [f64; 10] = [
+    f64::NAN,
+    f64::INFINITY,
+    f64::NEG_INFINITY,
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    0.5,
+    1e300,
+    f64::MIN_POSITIVE,
+];
+
+#[test]
+fn every_length_up_to_three_blocks_of_the_special_values() {
+    // Every tail length past the 8-value blocks, each special value in every lane.
+    for n in 0..=25 {
+        for shift in 0..SPECIAL.len() {
+            let xs: Vec<f64> = (0..n)
+                .map(|i| SPECIAL[(i + shift) % SPECIAL.len()])
+                .collect();
+            check(&xs).unwrap();
+        }
+    }
+}
+
+#[test]
+fn values_on_the_edges_and_between_them() {
+    let xs: Vec<f64> = (0..=64)
+        .flat_map(|i| {
+            let e = -4.0 + f64::from(i) * 0.125;
+            [e, e.next_down(), e.next_up()]
+        })
+        .collect();
+    check(&xs).unwrap();
+}
+
+proptest! {
+    #[test]
+    fn random_values_with_specials_mixed_in(
+        xs in prop::collection::vec(
+            prop_oneof![4 => -5.0f64..5.0, 1 => prop::sample::select(SPECIAL.to_vec())],
+            0..200,
+        )
+    ) {
+        check(&xs)?;
+    }
+}
