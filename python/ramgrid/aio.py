@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ramgrid._keys import convert_keys
+from ramgrid._sentinels import RAISE
 
 if TYPE_CHECKING:
     from ramgrid.grid import Grid
@@ -112,8 +113,6 @@ class _PipelinedReads:
                 yield k
 
         client = self._grid._client()
-        from ramgrid.grid import RAISE
-
         dflt = RAISE if default is _UNSET else default
         for values, found in native_pipelined(
             client, self.name, take(), depth, self._read_version, self._read_incarnation, self._read_shm
@@ -129,8 +128,6 @@ class _PipelinedReads:
     async def get_many_async(self, keys: Any, default: Any = _UNSET) -> Any:
         """`get_many` for asyncio (same results and errors), without blocking the event loop. Many tasks may
         await reads at once: their batches share the client's connections, up to 32 in flight."""
-        from ramgrid.grid import RAISE
-
         k = convert_keys(keys)
         values, found = await self._submit_async(k)
         return self._finish_get(k, values, found, RAISE if default is _UNSET else default)

@@ -2,6 +2,9 @@
 
 The cluster address comes from `--spec`, else $RAMGRID_SPEC, else a TOML file (`--config`, $RAMGRID_CONFIG,
 ./ramgrid.toml, ~/.config/ramgrid/config.toml), else the cluster started by `ramgrid cluster up`.
+
+This module is the top of the package: it imports the commands (`ramgrid.load.command`, `ramgrid.mapreduce.wordcount`,
+`ramgrid.lm.__main__`) and nothing imports it. What the commands share lives below them, in `ramgrid._cmdline`.
 """
 
 from __future__ import annotations
@@ -19,44 +22,31 @@ from pathlib import Path
 from typing import Any
 
 from ramgrid import health
+from ramgrid._cmdline import (
+    STATE_FILE,
+    CliError,
+    add_address_options,
+    connect_from_args,
+    read_state,
+    run_command,
+    state_dir_for,
+)
 from ramgrid._types import parse_value_type, spell_value_type
-from ramgrid.config import ENV_SPEC, default_state_dir, resolve_settings
+from ramgrid.config import ENV_SPEC
 from ramgrid.exceptions import RamgridError
 
-STATE_FILE = "cluster.json"
 SPEC_FILE = "cluster.spec"
-
-
-class CliError(Exception):
-    """A user-facing error: printed without a traceback, exit status 2."""
-
-
-def _common(parser: argparse.ArgumentParser, top: bool) -> None:
-    # The same options are accepted before and after the subcommand; SUPPRESS keeps a subcommand's unset option
-    # from overwriting one given before it.
-    d = None if top else argparse.SUPPRESS
-    g = parser.add_argument_group("cluster address")
-    g.add_argument("--spec", default=d, help="servers: host:port[,host:port...] or a spec file (env RAMGRID_SPEC)")
-    g.add_argument("--token", default=d, help="auth token (env RAMGRID_TOKEN)")
-    g.add_argument("--tls-ca", default=d, help="connect over TLS, trusting this CA file (env RAMGRID_TLS_CA)")
-    g.add_argument("--tls-cert", default=d, help="TLS client certificate file (env RAMGRID_TLS_CERT)")
-    g.add_argument("--tls-key", default=d, help="key of --tls-cert (env RAMGRID_TLS_KEY)")
-    g.add_argument(
-        "--config", default=d, help="TOML settings file (default ./ramgrid.toml, ~/.config/ramgrid/config.toml)"
-    )
-    g.add_argument("--timeout", type=float, default=d, help="seconds per request (default 5)")
-    g.add_argument("--state-dir", default=d, help="where `cluster up` keeps its state (env RAMGRID_STATE_DIR)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ramgrid", description=__doc__.split("\n\n")[0])
-    _common(p, top=True)
+    add_address_options(p, top=True)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
     def add(name: str, help: str, **kw: Any) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help, description=help, **kw)
-        _common(sp, top=False)
+        add_address_options(sp, top=False)
         return sp
 
     sub.add_parser("serve", help="run a server in the foreground (ramgrid-server's flags; `ramgrid serve --help`)")
@@ -65,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     clsub = cl.add_subparsers(dest="action", metavar="ACTION")
     clsub.required = True
     up = clsub.add_parser("up", help="start N servers on loopback and write the state file")
-    _common(up, top=False)
+    add_address_options(up, top=False)
     up.add_argument("-n", "--servers", type=int, default=3, help="number of servers (default 3)")
     up.add_argument("--memory", default="256MiB", help="table memory per server (default 256MiB)")
     up.add_argument("--threads", type=int, default=1, help="worker threads per server (default 1)")
@@ -74,17 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
         ("status", "show the cluster's servers: processes (of `cluster up`), epoch, partitions pending and copied"),
     ):
         sp = clsub.add_parser(name, help=help)
-        _common(sp, top=False)
+        add_address_options(sp, top=False)
     for name, help in (
         ("add", "add a running, empty server (`ramgrid serve --join MEMBERS`) and move its partitions to it"),
         ("remove", "move every partition off a server and drop it from the cluster (stop it afterwards)"),
     ):
         sp = clsub.add_parser(name, help=help, description=help)
-        _common(sp, top=False)
+        add_address_options(sp, top=False)
         sp.add_argument("addr", metavar="ADDR", help="the server's host:port")
     rp_help = "put a running, empty server in the place of a dead one (failed over first if it is still in the spec)"
     rp = clsub.add_parser("replace", help=rp_help, description=rp_help)
-    _common(rp, top=False)
+    add_address_options(rp, top=False)
     rp.add_argument("addr", metavar="DEAD", help="the host:port of the server to replace")
     rp.add_argument("new", metavar="NEW", help="the host:port of the running, empty server that takes its place")
     rc_help = (
@@ -92,13 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(refused while a majority answers); reports the partitions no live server holds"
     )
     rc = clsub.add_parser("recover", help=rc_help, description=rc_help)
-    _common(rc, top=False)
+    add_address_options(rc, top=False)
 
     tb = add("table", "create, drop, list, describe or verify tables")
     tbsub = tb.add_subparsers(dest="action", metavar="ACTION")
     tbsub.required = True
     cr = tbsub.add_parser("create", help="create a table")
-    _common(cr, top=False)
+    add_address_options(cr, top=False)
     cr.add_argument("name")
     cr.add_argument("--partitions", type=int, default=64)
     cr.add_argument("--replication", type=int, default=1)
@@ -108,17 +98,17 @@ def build_parser() -> argparse.ArgumentParser:
         ("describe", "show a table's settings and versions"),
     ):
         sp = tbsub.add_parser(name, help=help)
-        _common(sp, top=False)
+        add_address_options(sp, top=False)
         sp.add_argument("name")
     ls = tbsub.add_parser("list", help="list tables")
-    _common(ls, top=False)
+    add_address_options(ls, top=False)
     vf = tbsub.add_parser(
         "verify",
         help="compare the replicas of every partition (exit 1 if any differ)",
         description="Each server that holds a partition says how many items it holds and a hash of them; the "
         "replicas of each partition are compared (docs/replication.md).",
     )
-    _common(vf, top=False)
+    add_address_options(vf, top=False)
     vf.add_argument("name")
     vf.add_argument("--version", type=int, default=0, help="a version (default: the current one)")
     st = tbsub.add_parser(
@@ -127,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Summary statistics computed where the data lives (ramgrid.ops): one line per column "
         "(per vector component for f32vec tables).",
     )
-    _common(st, top=False)
+    add_address_options(st, top=False)
     st.add_argument("name")
     st.add_argument("--version", type=int, default=0, help="a version (default: the current one)")
     st.add_argument("--columns", type=int, default=8, help="at most this many vector components (default 8)")
@@ -162,63 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# cluster address
-
-
-def _state_dir(args: argparse.Namespace, file_state_dir: str | None = None) -> Path:
-    if getattr(args, "state_dir", None):
-        return Path(args.state_dir)
-    if file_state_dir:
-        return Path(file_state_dir)
-    return default_state_dir()
-
-
-def _grid(args: argparse.Namespace) -> Any:
-    import ramgrid
-
-    try:
-        s = resolve_settings(
-            spec=args.spec,
-            token=args.token,
-            timeout=args.timeout,
-            config=args.config,
-            tls_ca=getattr(args, "tls_ca", None),
-            tls_cert=getattr(args, "tls_cert", None),
-            tls_key=getattr(args, "tls_key", None),
-        )
-        tls = None
-        if s.tls_ca is not None:
-            tls = ramgrid.TLS(ca=s.tls_ca, cert=s.tls_cert, key=s.tls_key)
-        elif s.tls_cert is not None or s.tls_key is not None:
-            raise ValueError("--tls-cert and --tls-key need --tls-ca (the CA that signed the servers' certificates)")
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    spec = s.spec
-    if spec is None:
-        state_path = _state_dir(args, s.state_dir) / STATE_FILE
-        if state_path.is_file():
-            spec = _read_state(state_path)["addresses"]
-        else:
-            raise CliError(
-                "no cluster given: pass --spec HOST:PORT[,...], set RAMGRID_SPEC, write ramgrid.toml, "
-                "or start one with `ramgrid cluster up`"
-            )
-    try:
-        return ramgrid.connect(
-            spec, token=s.token, timeout=s.timeout, ack=s.ack, near_cache_bytes=s.near_cache_bytes, tls=tls
-        )
-    except ValueError as e:
-        raise CliError(str(e)) from None
-
-
 # cluster up / down / status
-
-
-def _read_state(path: Path) -> dict[str, Any]:
-    try:
-        return dict(json.loads(path.read_text()))
-    except (OSError, ValueError) as e:
-        raise CliError(f"cannot read cluster state {path}: {e}") from None
 
 
 def _pid_is_server(pid: int) -> bool:
@@ -245,10 +179,10 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     import ramgrid
     from ramgrid._local import start_servers
 
-    state_dir = _state_dir(args)
+    state_dir = state_dir_for(args)
     state_path = state_dir / STATE_FILE
     if state_path.is_file():
-        old = _read_state(state_path)
+        old = read_state(state_path)
         if any(_pid_is_server(p) for p in old.get("pids", [])):
             raise CliError(f"a cluster is already up ({state_path}); run `ramgrid cluster down` first")
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -281,11 +215,11 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster_down(args: argparse.Namespace) -> int:
-    state_path = _state_dir(args) / STATE_FILE
+    state_path = state_dir_for(args) / STATE_FILE
     if not state_path.is_file():
         print(f"no cluster state at {state_path}; nothing to stop")
         return 0
-    state = _read_state(state_path)
+    state = read_state(state_path)
     pids = [int(p) for p in [*state.get("pids", []), *state.get("left_pids", [])] if p is not None]
     live = [p for p in pids if _pid_is_server(p)]
     for p in live:
@@ -313,11 +247,11 @@ def cmd_cluster_down(args: argparse.Namespace) -> int:
 def cmd_cluster_status(args: argparse.Namespace) -> int:
     """The processes of `cluster up` (if its state file is there), then each member's own view (CLUSTER_STATUS) of
     the cluster named by --spec etc. (or that state file)."""
-    state_path = _state_dir(args) / STATE_FILE
+    state_path = state_dir_for(args) / STATE_FILE
     have_state = state_path.is_file()
     ok = True
     if have_state:
-        state = _read_state(state_path)
+        state = read_state(state_path)
         for pid, addr in zip(state.get("pids", []), state.get("addresses", [])):
             if pid is None:  # added with `cluster add`: not started by `cluster up`
                 continue
@@ -326,7 +260,7 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
             ok = ok and reach
             print(f"{addr}\tpid {pid}\t{'up' if reach else 'running, not answering' if alive else 'down'}")
     try:
-        grid = _grid(args)
+        grid = connect_from_args(args)
     except CliError:
         if not have_state:
             print(f"no cluster state at {state_path}")
@@ -383,10 +317,10 @@ def _update_state_addresses(args: argparse.Namespace, to: Sequence[str]) -> None
     (and `cluster status`) address them; a server added by hand has no pid there."""
     if args.spec is not None or os.environ.get(ENV_SPEC):
         return
-    state_path = _state_dir(args) / STATE_FILE
+    state_path = state_dir_for(args) / STATE_FILE
     if not state_path.is_file():
         return
-    state = _read_state(state_path)
+    state = read_state(state_path)
     pid_of = dict(zip(state.get("addresses", []), state.get("pids", [])))
     # In spec order, which is the partition map's; None where this command did not start the server.
     state["addresses"] = list(to)
@@ -403,7 +337,7 @@ def _update_state_addresses(args: argparse.Namespace, to: Sequence[str]) -> None
 
 def cmd_cluster_move(args: argparse.Namespace) -> int:
     """`cluster add ADDR` / `cluster remove ADDR` / `cluster replace DEAD NEW`: one move, its report printed."""
-    grid = _grid(args)
+    grid = connect_from_args(args)
     try:
         if args.action == "add":
             report = grid.add_server(args.addr)
@@ -427,7 +361,7 @@ def cmd_cluster_move(args: argparse.Namespace) -> int:
 
 def cmd_cluster_recover(args: argparse.Namespace) -> int:
     """`cluster recover`: the metadata group rebuilt from the live servers; exit 1 if some data is lost."""
-    grid = _grid(args)
+    grid = connect_from_args(args)
     try:
         report = grid.recover()
     except ValueError as e:
@@ -448,7 +382,7 @@ def cmd_cluster_recover(args: argparse.Namespace) -> int:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    grid = _grid(args)
+    grid = connect_from_args(args)
     if args.action == "create":
         vt = str(args.value_type)
         if vt.startswith("f32vec"):
@@ -530,7 +464,7 @@ def _format(v: Any) -> str:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    grid = _grid(args)
+    grid = connect_from_args(args)
     keys = _keys(args.keys, args.int_keys)
     t = grid.table(args.table)
     reader = t.pin(args.version) if args.version else t
@@ -548,7 +482,7 @@ def cmd_get(args: argparse.Namespace) -> int:
 def cmd_put(args: argparse.Namespace) -> int:
     import numpy as np
 
-    grid = _grid(args)
+    grid = connect_from_args(args)
     t = grid.table(args.table)
     info = t.describe()
     vt = info.get("value_type")
@@ -571,7 +505,7 @@ def cmd_put(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    grid = _grid(args)
+    grid = connect_from_args(args)
     print(json.dumps(grid.stats(), indent=2, default=str))
     return 0
 
@@ -605,9 +539,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args_list and args_list[0] == "serve":
         return cmd_serve(args_list[1:])
     if args_list and args_list[0] == "bench":
-        return _run(lambda: cmd_bench(args_list[1:]))
+        return run_command(lambda: cmd_bench(args_list[1:]))
     if args_list and args_list[0] == "load":
-        from ramgrid.load import load_main
+        from ramgrid.load.command import load_main
 
         return load_main(args_list[1:])
     if args_list and args_list[0] == "mapreduce":
@@ -615,7 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return mapreduce_main(args_list[1:])
     if args_list and args_list[0] == "demo":
-        return _run(lambda: cmd_demo(args_list[1:]))
+        return run_command(lambda: cmd_demo(args_list[1:]))
     parser = build_parser()
     args = parser.parse_args(args_list)
     if args.command == "serve":  # only reached when options came before `serve`
@@ -636,23 +570,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler = handlers[(args.command, action)]
     else:
         handler = {"table": cmd_table, "get": cmd_get, "put": cmd_put, "stats": cmd_stats}[args.command]
-    return _run(lambda: handler(args))
-
-
-def _run(fn: Any) -> int:
-    try:
-        return int(fn())
-    except CliError as e:
-        print(f"ramgrid: {e}", file=sys.stderr)
-        return 2
-    except RamgridError as e:
-        print(f"ramgrid: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    except ImportError as e:
-        print(f"ramgrid: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_command(lambda: handler(args))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import numpy as np
 from ramgrid._clients import GridConfig, _existing_client, client_for, native, release_client
 from ramgrid._keys import NativeKeys, convert_keys, convert_values, fit_values, key_count
 from ramgrid._metrics import table_figures
+from ramgrid._sentinels import RAISE
 from ramgrid._types import ValueTypeLike, parse_value_type
 from ramgrid.aio import _PipelinedReads
 from ramgrid.config import SpecLike, parse_spec
@@ -40,16 +41,6 @@ if TYPE_CHECKING:
 __all__ = ["Grid", "GridConfig", "PinnedTable", "Table", "VersionPart", "VersionWriter", "connect", "native"]
 
 ValueType = ValueTypeLike
-
-
-class _Raise:
-    """Sentinel: no default given, so a missing key raises."""
-
-    def __repr__(self) -> str:
-        return "<raise>"
-
-
-RAISE: Any = _Raise()
 
 
 class _Elsewhere:

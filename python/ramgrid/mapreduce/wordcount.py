@@ -14,6 +14,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ramgrid._cmdline import CliError, add_address_options, connect_from_args, run_command
+
 __all__ = ["count_block", "tokens", "wordcount", "write_tsv"]
 
 
@@ -53,10 +55,8 @@ def write_tsv(counts: dict[str, int], out: str | Path) -> int:
 
 def mapreduce_main(argv: Sequence[str]) -> int:
     """`ramgrid mapreduce wordcount INPUT --out FILE.tsv`: the arguments after `mapreduce`."""
-    from ramgrid import cli
-
     p = argparse.ArgumentParser(prog="ramgrid mapreduce", description="MapReduce jobs on the grid")
-    cli._common(p, top=True)
+    add_address_options(p, top=True)
     sub = p.add_subparsers(dest="job", metavar="JOB", required=True)
     wc = sub.add_parser("wordcount", help="count whitespace-separated tokens; write word<TAB>count lines")
     wc.add_argument("input", help="a text file (.txt, .gz) or a directory of them")
@@ -77,13 +77,13 @@ def mapreduce_main(argv: Sequence[str]) -> int:
 
     def run() -> int:
         if not Path(args.input).exists():
-            raise cli.CliError(f"{args.input}: no such file or directory")
+            raise CliError(f"{args.input}: no such file or directory")
         with contextlib.ExitStack() as stack:
             grid = None
             if not args.local:
                 try:
-                    grid = cli._grid(args)
-                except cli.CliError as e:
+                    grid = connect_from_args(args)
+                except CliError as e:
                     if "no cluster given" not in str(e):
                         raise
             if grid is None:
@@ -109,4 +109,4 @@ def mapreduce_main(argv: Sequence[str]) -> int:
             print(res.summary, file=sys.stderr)
         return 0
 
-    return cli._run(run)
+    return run_command(run)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from ramgrid import cli
+from ramgrid import _cmdline, cli
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -19,7 +19,7 @@ def _grid_for(argv: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     args = cli.build_parser().parse_args(argv)
-    return cli._grid(args).servers
+    return _cmdline.connect_from_args(args).servers
 
 
 def test_options_before_or_after_the_subcommand() -> None:
