@@ -1,4 +1,4 @@
-"""Fuzzes the loader's text parsers (python/ramgrid/load.py) with atheris: for arbitrary bytes and
+"""Fuzzes the loader's text parsers (python/ramgrid/load/parse.py) with atheris: for arbitrary bytes and
 options, the fast path (pyarrow's CSV reader) must either decline (None) or return exactly the rows
 of the slow, line-by-line reference path, which must never raise.
 
