@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["derive", "format_markdown", "plot_figures", "write_report"]
+__all__ = ["derive", "figure5", "format_markdown", "plot_figures", "write_report"]
 
 SYSTEM_ORDER = ("memcached", "ramgrid", "ramgrid+near", "ramgrid+shm", "dict")
 MODE_ORDER = ("per-token", "per-sentence", "per-partition", "fused")
@@ -400,88 +400,132 @@ def format_markdown(result: dict[str, Any], summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_COLORS = {
+    "memcached": "#c0504d",
+    "ramgrid": "#4f81bd",
+    "ramgrid+near": "#9bbb59",
+    "ramgrid+shm": "#8064a2",
+    "dict": "#7f7f7f",
+}
+_PEERS = ("memcached", "ramgrid", "ramgrid+near", "ramgrid+shm")
+
+
+def _find(rows: list[dict[str, Any]], servers: Any, system: str, mode: str) -> dict[str, Any] | None:
+    return next((r for r in rows if r["servers"] == servers and r["system"] == system and r["mode"] == mode), None)
+
+
+def _log_bars(ax: Any, servers: list[int], series: list[tuple[str, list[float | None]]], fmt: Any) -> None:
+    """Grouped bars on a log axis, each labelled with its value: the systems differ by up to three orders of
+    magnitude, so on a linear axis the fastest flattens the others to nothing (issue 28)."""
+    width = 0.8 / max(len(series), 1)
+    values = [v for _, vs in series for v in vs if v]
+    for i, (system, vs) in enumerate(series):
+        xs = [j - 0.4 + width * (i + 0.5) for j in range(len(servers))]
+        hs = [v if v else float("nan") for v in vs]
+        ax.bar(xs, hs, width, color=_COLORS[system], alpha=0.75, label=system)
+        for x, v in zip(xs, vs):
+            if v:
+                ax.annotate(
+                    fmt(v),
+                    (x, v),
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=6.5,
+                    rotation=90,
+                )
+    ax.set_yscale("log")
+    if values:
+        # Room below the smallest bar (so it shows) and above the largest (for its label).
+        ax.set_ylim(min(values) / 3, max(values) * 12)
+    ax.set_xticks(range(len(servers)))
+    ax.set_xticklabels([str(s) for s in servers])
+    ax.set_xlabel("servers")
+    ax.grid(True, axis="y", which="major", alpha=0.3)
+
+
+def figure5(summary: dict[str, Any]) -> Any:
+    """Figure 5 as a matplotlib Figure (None without server counts): per-token latency and the paper's throughput
+    per system as log-scale bars (when per-token runs were made), and every mode's end-to-end throughput."""
+    import matplotlib.pyplot as plt
+
+    rows, servers = summary["rows"], summary["servers"]
+    if not servers:
+        return None
+    token = [s for s in _PEERS if any(_find(rows, n, s, "per-token") for n in servers)]
+    panels = 3 if token else 1
+    fig, axes = plt.subplots(1, panels, figsize=(6.3 * panels, 6.3), squeeze=False)
+    if token:
+        ax_lat, ax_thr, ax3 = axes[0]
+        pts = {s: [_find(rows, n, s, "per-token") for n in servers] for s in token}
+        d = _find(rows, None, "dict", "per-token")
+        _log_bars(
+            ax_lat,
+            servers,
+            [(s, [p["avg_latency_s"] * 1e6 if p and p["avg_latency_s"] else None for p in pts[s]]) for s in token],
+            lambda v: f"{v:.3g}",
+        )
+        if d and d["avg_latency_s"]:
+            ax_lat.axhline(d["avg_latency_s"] * 1e6, color=_COLORS["dict"], linestyle="-.", label="dict in each worker")
+        ax_lat.set_ylabel("average latency per lookup (µs, log scale)")
+        ax_lat.set_title("Per-token lookups: latency")
+        ax_lat.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3)
+        _log_bars(
+            ax_thr,
+            servers,
+            [(s, [p["throughput_paper"] if p else None for p in pts[s]]) for s in token],
+            _rate,
+        )
+        if d and d["throughput_paper"]:
+            ax_thr.axhline(d["throughput_paper"], color=_COLORS["dict"], linestyle="-.", label="dict in each worker")
+        ax_thr.set_ylabel("throughput, paper's definition (lookups/s, log scale)")
+        ax_thr.set_title("Per-token lookups: throughput (paper)")
+        ax_thr.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3)
+    else:
+        (ax3,) = axes[0]
+    styles = {"per-token": ":", "per-sentence": "--", "per-partition": "-", "fused": (0, (5, 1, 1, 1))}
+    for system in _PEERS:
+        for mode in MODE_ORDER:
+            mpts = [_find(rows, n, system, mode) for n in servers]
+            if not any(mpts):
+                continue
+            ax3.plot(
+                servers,
+                [p["throughput_e2e"] if p else float("nan") for p in mpts],
+                marker="o",
+                linestyle=styles[mode],
+                color=_COLORS[system],
+                label=f"{system} {mode}",
+            )
+    d = _find(rows, None, "dict", "per-partition")
+    if d and d["throughput_e2e"]:
+        ax3.axhline(
+            d["throughput_e2e"], color=_COLORS["dict"], linestyle="-.", label="dict in each worker (per-partition)"
+        )
+    ax3.set_yscale("log")
+    ax3.set_xticks(servers)
+    ax3.set_xlabel("servers")
+    ax3.set_ylabel("lookups/s end to end (log scale)")
+    ax3.set_title("All modes, end to end")
+    ax3.grid(True, which="both", alpha=0.3)
+    ax3.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3 if token else 2)
+    fig.suptitle("Figure 5: latency and throughput against cluster size", fontsize=12)
+    fig.tight_layout()
+    return fig
+
+
 def plot_figures(result: dict[str, Any], summary: dict[str, Any], out: Path) -> dict[str, str]:
-    """Figure 5 (latency bars, throughput lines, against servers) and Figure 6 (keys per server) as PNG files."""
+    """Figure 5 (per-token latency and throughput, every mode end to end, against servers) and Figure 6 (keys per
+    server) as PNG files."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = summary["rows"]
-    servers = summary["servers"]
     files: dict[str, str] = {}
-    if servers:
-        fig, (ax1, ax3) = plt.subplots(1, 2, figsize=(14, 6.5))
-        series = [(s, "per-token") for s in ("memcached", "ramgrid", "ramgrid+near", "ramgrid+shm")]
-        width = 0.8 / len(series)
-        colors = {
-            "memcached": "#c0504d",
-            "ramgrid": "#4f81bd",
-            "ramgrid+near": "#9bbb59",
-            "ramgrid+shm": "#8064a2",
-            "dict": "#7f7f7f",
-        }
-        ax2 = ax1.twinx()
-        xs = list(range(len(servers)))
-        for i, (system, mode) in enumerate(series):
-            pts = [
-                next((r for r in rows if r["servers"] == s and r["system"] == system and r["mode"] == mode), None)
-                for s in servers
-            ]
-            if not any(pts):
-                continue
-            lat = [(p["avg_latency_s"] or 0) * 1e6 if p else 0 for p in pts]
-            ax1.bar(
-                [x - 0.4 + width * (i + 0.5) for x in xs],
-                lat,
-                width,
-                color=colors[system],
-                alpha=0.55,
-                label=f"{system} latency",
-            )
-            thr = [p["throughput_paper"] if p and p["throughput_paper"] else float("nan") for p in pts]
-            ax2.plot(xs, thr, marker="o", color=colors[system], label=f"{system} throughput")
-        ax1.set_xticks(xs)
-        ax1.set_xticklabels([str(s) for s in servers])
-        ax1.set_xlabel("servers")
-        ax1.set_ylabel("average latency per lookup (µs, bars)")
-        ax2.set_ylabel("throughput, paper's definition (lookups/s, lines)")
-        ax2.set_ylim(bottom=0)
-        ax1.set_title("Per-token lookups (the paper's architecture)")
-        h1, l1 = ax1.get_legend_handles_labels()
-        h2, l2 = ax2.get_legend_handles_labels()
-        ax1.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3)
-        styles = {"per-token": ":", "per-sentence": "--", "per-partition": "-", "fused": (0, (5, 1, 1, 1))}
-        for system in ("memcached", "ramgrid", "ramgrid+near", "ramgrid+shm"):
-            for mode in MODE_ORDER:
-                pts = [
-                    next((r for r in rows if r["servers"] == s and r["system"] == system and r["mode"] == mode), None)
-                    for s in servers
-                ]
-                if not any(pts):
-                    continue
-                ax3.plot(
-                    servers,
-                    [p["throughput_e2e"] if p else float("nan") for p in pts],
-                    marker="o",
-                    linestyle=styles[mode],
-                    color=colors[system],
-                    label=f"{system} {mode}",
-                )
-        d = next((r for r in rows if r["system"] == "dict" and r["mode"] == "per-partition"), None)
-        if d and d["throughput_e2e"]:
-            ax3.axhline(
-                d["throughput_e2e"], color=colors["dict"], linestyle="-.", label="dict in each worker (per-partition)"
-            )
-        ax3.set_yscale("log")
-        ax3.set_xticks(servers)
-        ax3.set_xlabel("servers")
-        ax3.set_ylabel("lookups/s end to end (log scale)")
-        ax3.set_title("All modes, end to end")
-        ax3.grid(True, which="both", alpha=0.3)
-        ax3.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3)
-        fig.suptitle("Figure 5: latency and throughput against cluster size", fontsize=12)
-        fig.tight_layout()
+    fig = figure5(summary)
+    if fig is not None:
         p = out / "fig5_latency_throughput.png"
         fig.savefig(p, dpi=110)
         plt.close(fig)
