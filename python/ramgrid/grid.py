@@ -25,6 +25,7 @@ from ramgrid.config import SpecLike, parse_spec
 from ramgrid.exceptions import KeysNotFound, RamgridError
 from ramgrid.ops import _Operators
 from ramgrid.reduce import _Reduce
+from ramgrid.arrow import _Arrow
 from ramgrid.scan import _Scans
 from ramgrid.tls import TLS
 
@@ -382,7 +383,7 @@ class _Reader(_PipelinedReads):
         return self._grid._client()
 
 
-class Table(_Operators, _Reader, _Scans, _Reduce):
+class Table(_Operators, _Reader, _Scans, _Arrow, _Reduce):
     """A handle on a named table. Reads and writes go to its current version (resolved by the servers per request).
 
     Use `pin()` for a job that must see one version throughout, and `new_version()` to load a new version that
@@ -510,7 +511,7 @@ class Table(_Operators, _Reader, _Scans, _Reduce):
         return VersionWriter(self._grid, self.name)
 
 
-class PinnedTable(_Operators, _Reader, _Scans, _Reduce):
+class PinnedTable(_Operators, _Reader, _Scans, _Arrow, _Reduce):
     """A read-only handle on one version of a table. Pickles with its version, so tasks of a job agree on it."""
 
     def __init__(

@@ -12,6 +12,8 @@ Chunks are `(keys, values)`:
   8-byte little-endian encoding, and `int_keys(keys)` views them as an int64 numpy array without a copy.
 - `values`: a float64 / int64 numpy array, a float32 array of shape (n, dim) for vector tables, or a
   `pyarrow.LargeBinaryArray` for bytes tables.
+
+With `format="arrow"` each chunk is a `pyarrow.RecordBatch` of columns `key` and `value` instead (arrow.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 if TYPE_CHECKING:
     from ramgrid._native import Client
 
+from ramgrid.arrow import record_batch
 from ramgrid.ops import _where
 
 __all__ = ["int_keys"]
@@ -49,21 +52,31 @@ def int_keys(keys: Any) -> np.ndarray:
     return data.view("<i8")
 
 
+def _format(fmt: str) -> str:
+    if fmt not in ("numpy", "arrow"):
+        raise ValueError(f'format must be "numpy" or "arrow", got {fmt!r}')
+    return fmt
+
+
 class ScanChunks:
-    """An iterator of `(keys, values)` chunks (see the module). `version` is the version read, `restarts` how many
-    partitions were read again because they were written during the scan."""
+    """An iterator of `(keys, values)` chunks, or of `pyarrow.RecordBatch`es when made with `format="arrow"` (see
+    the module). `version` is the version read, `restarts` how many partitions were read again because they were
+    written during the scan."""
 
-    def __init__(self, it: Any) -> None:
+    def __init__(self, it: Any, schema: Any = None) -> None:
         self._it = it
+        self._schema = schema
 
-    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+    def __iter__(self) -> Iterator[Any]:
         return self
 
-    def __next__(self) -> tuple[Any, Any]:
+    def __next__(self) -> Any:
         _partition, offsets, data, values = next(self._it)
         keys = _binary(offsets, data)
         if isinstance(values, tuple):
             values = _binary(*values)
+        if self._schema is not None:
+            return record_batch(keys, values, self._schema)
         return keys, values
 
     @property
@@ -96,8 +109,20 @@ class _Scans:
 
         def _client(self) -> Client: ...  # the handle classes' (`_Reader._client`)
 
+    def _schema(self, fmt: str) -> Any:
+        if _format(fmt) == "numpy":
+            return None
+        from ramgrid.arrow import schema
+
+        vt, dim = self._client().value_type(self.name)
+        return schema(vt, dim)
+
     def scan(
-        self, chunk_items: int = 65536, partitions: tuple[int, int] | None = None, prefer: str | None = None
+        self,
+        chunk_items: int = 65536,
+        partitions: tuple[int, int] | None = None,
+        prefer: str | None = None,
+        format: str = "numpy",
     ) -> ScanChunks:
         """Every item of the table, in chunks of at most `chunk_items`, partition by partition (see the module).
         `partitions=(start, end)`: only partitions start..end-1 (a job's task reads one: `(p, p + 1)`).
@@ -105,9 +130,10 @@ class _Scans:
         it reads there), where every replica holds the data: a pinned version confirmed sealed, or a client writing
         with ack="all". Otherwise, as without it, the primary is asked first. A preferred server that is down,
         slow or repairing is passed over for the next replica, as any read fails over. ValueError when `prefer`
-        is not a server of the cluster."""
+        is not a server of the cluster. `format="arrow"`: chunks are `pyarrow.RecordBatch`es."""
         if int(chunk_items) < 1:
             raise ValueError("chunk_items must be at least 1")
+        sch = self._schema(format)
         from ramgrid import _native
 
         parts = None if partitions is None else (int(partitions[0]), int(partitions[1]))
@@ -121,21 +147,23 @@ class _Scans:
             partitions=parts,
             prefer=None if prefer is None else str(prefer),
         )
-        return ScanChunks(it)
+        return ScanChunks(it, sch)
 
-    def filter(self, where: Any, chunk_items: int = 65536) -> ScanChunks:
+    def filter(self, where: Any, chunk_items: int = 65536, format: str = "numpy") -> ScanChunks:
         """The items whose value satisfies `lo <= value < hi`, chunked as `scan`. `where` is `(lo, hi)` (on the value
         of a numeric table) or `dict(column=.., lo=.., hi=..)` (component `column` of a vector table); `None` for a
-        bound leaves it open. The test runs on the servers, over the table's typed column."""
+        bound leaves it open. The test runs on the servers, over the table's typed column. `format="arrow"`: chunks
+        are `pyarrow.RecordBatch`es."""
         if int(chunk_items) < 1:
             raise ValueError("chunk_items must be at least 1")
         pred = _where(where)
         if pred is None:
             raise ValueError("filter needs a where: (lo, hi), a dict or a Where")
+        sch = self._schema(format)
         from ramgrid import _native
 
         it = _native.scan(self._client(), self.name, self._read_version, self._read_incarnation, pred, int(chunk_items))
-        return ScanChunks(it)
+        return ScanChunks(it, sch)
 
     def top_k(self, k: int, column: int = 0, largest: bool = True, where: Any = None) -> tuple[list[bytes], np.ndarray]:
         """The `k` items with the largest (or, `largest=False`, smallest) values of `column` (component of a vector
