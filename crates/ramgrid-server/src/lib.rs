@@ -7,6 +7,7 @@
 pub mod auth;
 pub mod buffers;
 pub mod cluster;
+pub mod compute;
 pub mod config;
 pub mod conn;
 mod convert;

@@ -118,6 +118,7 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
     let threads = config.threads.max(1);
+    crate::compute::init(threads);
 
     let max_item = usize::try_from(config.max_item_size).unwrap_or(usize::MAX);
     let cache = Cache::new(

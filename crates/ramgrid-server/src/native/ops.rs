@@ -7,7 +7,8 @@
 //!    that fails is refused whole and reads nothing (as a GET).
 //! 2. Each partition is one pass over one moment of it: an open version's partition is read under
 //!    its read lock (writers of that partition wait for the pass; other partitions go on), a sealed
-//!    one needs none as it never changes.
+//!    one needs none as it never changes. The passes run side by side on the server's operator
+//!    pool (`compute.rs`).
 //! 3. After each pass the server checks again that its installed epoch is the one it started
 //!    under, that it still holds the partition and that the partition is not being copied in.
 //!    Otherwise the partial is dropped and the partition answered WRONG_EPOCH, NOT_OWNER or
@@ -80,10 +81,15 @@ pub(super) fn answer(
     check_held(&tv, o.partitions.iter())?;
     check_copied(&tv, o.partitions.iter())?;
     check_current_known(state, &tv, o.version, o.partitions.iter())?;
-    let mut results = Vec::with_capacity(o.partitions.len());
-    for p in o.partitions.iter() {
-        let partial = tv
-            .with_partition(p, |view| kernels::run(&op, &view))
+    // The passes run side by side on the operator pool (compute.rs); the checks that follow each
+    // pass run after all of them, in order, each still after its own partition's pass.
+    let parts: Vec<u32> = o.partitions.iter().collect();
+    let passes = crate::compute::map(&parts, |&p| {
+        tv.with_partition(p, |view| kernels::run(&op, &view))
+    });
+    let mut results = Vec::with_capacity(parts.len());
+    for (&p, pass) in parts.iter().zip(passes) {
+        let partial = pass
             .map_err(|e| refusal(&e))?
             .map_err(|e| ErrorReply::new(Status::BadRequest, e.to_string()))?;
         if let Some(hook) = AFTER_PASS.get() {
