@@ -188,7 +188,7 @@ def run(
     )
     jlog = JobLog(config, job_id)
     jlog.create(replication)
-    g = Grid(config)
+    g = jlog.grid  # the driver's one handle (spec.config is the log's)
     g.create_table(spec.intermediate, partitions=reduce_partitions, replication=replication, value_type="bytes")
     if output is not None:
         g.create_table(output, partitions=64, replication=replication, value_type=output_type, exist_ok=True)
@@ -205,7 +205,7 @@ def run(
     summary = Summary(job_id=job_id, map_tasks=len(splits), phases={"plan": time.perf_counter() - t0})
     log.info("job %s: %d map tasks, %d reduce partitions", job_id, len(splits), reduce_partitions)
     with engine_for(dask_client, workers, grid.servers) as engine:
-        return _drive(spec, jlog, engine, summary, {}, progress, t0)
+        return _drive(spec, g, jlog, engine, summary, {}, progress, t0)
 
 
 def resume(
@@ -234,15 +234,16 @@ def resume(
     if commit_timeout is not None:
         spec = dataclasses.replace(spec, extra={**spec.extra, "commit_timeout": float(commit_timeout)})
     committed = jlog.committed_maps(len(spec.splits))
+    g = jlog.grid if jlog.config == spec.config else Grid(spec.config)
     summary = Summary(job_id=job_id, map_tasks=len(spec.splits), maps_resumed=len(committed))
     summary.phases["plan"] = time.perf_counter() - t0
     if state == "commit" and spec.output is not None:
         log.info("job %s resumed at its commit: sealing and switching version %d", job_id, spec.output_version)
         _add_counts(summary, committed)
-        return _finish(spec, jlog, summary, None, t0)
+        return _finish(spec, g, jlog, summary, None, t0)
     log.info("job %s resumed: %d of %d map tasks committed", job_id, len(committed), len(spec.splits))
     with engine_for(dask_client, workers, grid.servers) as engine:
-        return _drive(spec, jlog, engine, summary, committed, progress, t0)
+        return _drive(spec, g, jlog, engine, summary, committed, progress, t0)
 
 
 def abandon(job_id: str, grid: Grid) -> None:
@@ -356,6 +357,7 @@ class _Attempts:
 
 def _drive(
     spec: JobSpec,
+    g: Grid,
     jlog: JobLog,
     engine: ThreadEngine | DaskEngine,
     summary: Summary,
@@ -363,7 +365,7 @@ def _drive(
     progress: bool,
     t0: float,
 ) -> JobResult:
-    g = Grid(spec.config)
+    """Runs the job's map and reduce phases and commits it; `g` is the driver's handle on `spec.config`."""
     runner = _Attempts(engine, summary, int(spec.extra.get("max_attempts", 4)))
     key_kinds: set[str] = {r.get("key_kind", "str") for r in committed.values()}
 
@@ -440,13 +442,13 @@ def _drive(
                 writer = VersionWriter(g, spec.output or "").begin()
                 spec = dataclasses.replace(spec, output_version=writer.version, merge_version=writer.version)
                 jlog.put_spec(spec)
-        result = _reduce(spec, jlog, engine, runner, committed, summary, progress, writer is not None and not dirty)
+        result = _reduce(spec, g, jlog, engine, runner, committed, summary, progress, writer is not None and not dirty)
     summary.phases["reduce"] = time.perf_counter() - t_red
     if spec.output is not None:
         jlog.set_state("commit")  # all work done: a resume only seals and switches
     elif merge and not dirty:
         result = _read_merged(g, spec.merge_target, key_kinds)
-    return _finish(spec, jlog, summary, result, t0)
+    return _finish(spec, g, jlog, summary, result, t0)
 
 
 def _add_counts(summary: Summary, committed: dict[int, dict[str, Any]]) -> None:
@@ -517,6 +519,7 @@ def _commit_timeout(spec: JobSpec) -> float:
 
 def _finish(
     spec: JobSpec,
+    g: Grid,
     jlog: JobLog,
     summary: Summary,
     result: dict[Any, Any] | None,
@@ -524,7 +527,6 @@ def _finish(
 ) -> JobResult:
     """Commits the job: seals and switches the output version (waiting, bounded, for every server), then drops the
     job's tables."""
-    g = Grid(spec.config)
     t_commit = time.perf_counter()
     version = None
     if spec.output is not None:
@@ -546,6 +548,7 @@ def _finish(
 
 def _reduce(
     spec: JobSpec,
+    g: Grid,
     jlog: JobLog,
     engine: ThreadEngine | DaskEngine,
     runner: _Attempts,
@@ -555,7 +558,7 @@ def _reduce(
     skip_logged: bool,
 ) -> dict[Any, Any] | None:
     R = spec.reduce_partitions
-    owners = Grid(spec.config).table(spec.intermediate).owners()
+    owners = g.table(spec.intermediate).owners()
     per_r = [
         {t: (rec["attempt"], rec["chunks"][r]) for t, rec in committed.items() if rec["chunks"][r]} for r in range(R)
     ]
@@ -580,7 +583,7 @@ def _reduce(
 
     with Progress(f"reduce {spec.job_id}", R, progress, done=R - len(todo)) as prog:
         runner.run(todo, submit, done, prog=prog)
-    if weak and _came_back(Grid(spec.config), spec.job_id, f"{len(weak)} reduce tasks"):
+    if weak and _came_back(g, spec.job_id, f"{len(weak)} reduce tasks"):
         runner.ack = "all"
 
         def again(r: int) -> Any:

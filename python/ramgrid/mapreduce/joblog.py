@@ -29,17 +29,18 @@ __all__ = ["JobLog"]
 
 
 class JobLog:
-    """Handles on a job's log tables. Picklable (configuration and names only)."""
+    """Handles on a job's log tables. Picklable (configuration and names; the grid handle pickles its configuration).
 
-    def __init__(self, config: GridConfig, job_id: str) -> None:
+    `grid`: a handle on `config` to use (a task's own, so that a task builds one); by default the log builds one."""
+
+    def __init__(self, config: GridConfig, job_id: str, grid: Grid | None = None) -> None:
+        if grid is not None and grid.config != config:
+            raise ValueError("JobLog: the grid handle given is not one on the log's configuration")
         self.config = config
         self.job_id = job_id
         self.log_name = f"{job_id}.log"
         self.marks_name = f"{job_id}.marks"
-
-    @property
-    def grid(self) -> Grid:
-        return Grid(self.config)
+        self.grid = grid if grid is not None else Grid(config)
 
     def _write(self, table: str, keys: list[str], values: Any, merge: str = "store") -> None:
         """Writes at the job's level (ack=all); when a replica is down and that cannot be met, again at ack=one

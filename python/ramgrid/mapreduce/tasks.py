@@ -32,12 +32,12 @@ _READ_BLOCK = 8 << 20
 # reading a split
 
 
-def _batches(spec: JobSpec, split: Any, where: str | None = None) -> Iterator[Any]:
+def _batches(grid: Grid, split: Any, where: str | None = None) -> Iterator[Any]:
     """The split's input, a batch at a time: (keys, values) scan chunks of a table partition, text blocks of whole
     lines (bytes), or Parquet row groups (pyarrow tables). A table partition is read from the replica on server
     `where` (the one the task was placed beside) where every replica holds it, failing over as any read does."""
     if isinstance(split, TableSplit):
-        t = PinnedTable(Grid(spec.config), split.table, split.version, split.incarnation)
+        t = PinnedTable(grid, split.table, split.version, split.incarnation)
         prefer = where if where in split.owners else None
         part = (split.partition, split.partition + 1)
         try:
@@ -154,10 +154,11 @@ def map_task(spec: JobSpec, task: int, attempt: int, ack: str, where: str | None
     wrote per reduce partition, its counts, and how its merges went."""
     t0 = time.perf_counter()
     spec = replace(spec, config=replace(spec.config, ack=ack))
+    grid = Grid(spec.config)  # the task's one handle: its reads, shuffle writes, merges and job log go through it
     split = spec.splits[task]
     comb = _Combiner(spec)
     records = 0
-    for batch in _batches(spec, split, where):
+    for batch in _batches(grid, split, where):
         if spec.vectorised:
             records += _count_records(split, batch)
             out = spec.mapper(*batch) if isinstance(split, TableSplit) else spec.mapper(batch)
@@ -189,7 +190,7 @@ def map_task(spec: JobSpec, task: int, attempt: int, ack: str, where: str | None
     degraded = False
     if keys:
         try:
-            Grid(spec.config).table(spec.intermediate).put_many(keys, blobs)
+            grid.table(spec.intermediate).put_many(keys, blobs)
         except WRITE_FAULTS:
             if spec.config.ack == "one":
                 raise
@@ -197,12 +198,13 @@ def map_task(spec: JobSpec, task: int, attempt: int, ack: str, where: str | None
             # ack=one (the live replica) stores each once; the task need not run again.
             degraded = True
             spec = replace(spec, config=replace(spec.config, ack="one"))
-            Grid(spec.config).table(spec.intermediate).put_many(keys, blobs)
+            grid = Grid(spec.config)
+            grid.table(spec.intermediate).put_many(keys, blobs)
     shuffled = sum(len(b) for b in blobs)
 
     merge = "none"
     if spec.merge is not None and combined:
-        merge = _merge(spec, task, combined)
+        merge = _merge(spec, grid, task, combined)
     return {
         "task": task,
         "attempt": attempt,
@@ -220,11 +222,11 @@ def map_task(spec: JobSpec, task: int, attempt: int, ack: str, where: str | None
     }
 
 
-def _merge(spec: JobSpec, task: int, combined: dict[Any, Any]) -> str:
+def _merge(spec: JobSpec, grid: Grid, task: int, combined: dict[Any, Any]) -> str:
     """Merge-on-write of a task's combined output into the merge target, at most once per task (the claim in the
     job log). Returns "clean" (merged here), "skipped" (another run had merged it all) or "dirty" (merges may be
     partial or doubled: the job rebuilds its output from the shuffle)."""
-    log = JobLog(spec.config, spec.job_id)
+    log = JobLog(spec.config, spec.job_id, grid)
     n = log.claim(task)
     if n > 1:
         if log.merged(task):
@@ -232,7 +234,7 @@ def _merge(spec: JobSpec, task: int, combined: dict[Any, Any]) -> str:
         log.mark_dirty()
         return "dirty"
     dtype = np.float64 if spec.output_type == "f64" else np.int64
-    part = VersionPart(Grid(spec.config), spec.merge_target, spec.merge_version)
+    part = VersionPart(grid, spec.merge_target, spec.merge_version)
     assert spec.merge is not None
     try:
         part.put_many(
@@ -254,11 +256,13 @@ def _merge(spec: JobSpec, task: int, combined: dict[Any, Any]) -> str:
 # the reduce task
 
 
-def read_partition(spec: JobSpec, r: int, committed: dict[int, tuple[int, int]]) -> Iterator[dict[Any, Any]]:
+def read_partition(
+    spec: JobSpec, grid: Grid, r: int, committed: dict[int, tuple[int, int]]
+) -> Iterator[dict[Any, Any]]:
     """Reduce partition r's map output: one dict per chunk of each committed attempt ({task: (attempt, chunks)})."""
     R = spec.reduce_partitions
     keys = [shuffle.blob_key(spec.job_id, t, a, r, c, R) for t, (a, n) in sorted(committed.items()) for c in range(n)]
-    table = Grid(spec.config).table(spec.intermediate)
+    table = grid.table(spec.intermediate)
     step = 64
     for i in range(0, len(keys), step):
         yield from shuffle.decode_chunks(table.get_many(keys[i : i + step]))
@@ -269,10 +273,11 @@ def reduce_task(spec: JobSpec, r: int, committed: dict[int, tuple[int, int]], ac
     output version (plain puts: a second run writes the same values) or returns them."""
     t0 = time.perf_counter()
     spec = replace(spec, config=replace(spec.config, ack=ack))
+    grid = Grid(spec.config)  # the task's one handle, for its reads and its writes
     kind = spec.reducer if isinstance(spec.reducer, str) else "general"
     acc: dict[Any, Any] = {}
     pairs = 0
-    for d in read_partition(spec, r, committed):
+    for d in read_partition(spec, grid, r, committed):
         pairs += len(d)
         if kind in ("sum", "count"):
             if not acc:
@@ -298,7 +303,7 @@ def reduce_task(spec: JobSpec, r: int, committed: dict[int, tuple[int, int]], ac
     out: dict[str, Any] = {"r": r, "pairs_in": pairs, "pairs_out": len(acc), "seconds": 0.0, "ack": ack}
     if spec.output is not None and spec.output_version:
         if acc:
-            part = VersionPart(Grid(spec.config), spec.output, spec.output_version)
+            part = VersionPart(grid, spec.output, spec.output_version)
             ks = list(acc)
             if spec.output_type in ("i64", "f64"):
                 dtype = np.float64 if spec.output_type == "f64" else np.int64
