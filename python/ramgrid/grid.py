@@ -21,11 +21,11 @@ from ramgrid._metrics import table_figures
 from ramgrid._sentinels import RAISE
 from ramgrid._types import ValueTypeLike, parse_value_type
 from ramgrid.aio import _PipelinedReads
+from ramgrid.arrow import _Arrow
 from ramgrid.config import SpecLike, parse_spec
 from ramgrid.exceptions import KeysNotFound, RamgridError
 from ramgrid.ops import _Operators
 from ramgrid.reduce import _Reduce
-from ramgrid.arrow import _Arrow
 from ramgrid.scan import _Scans
 from ramgrid.tls import TLS
 
