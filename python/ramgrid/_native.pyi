@@ -74,6 +74,8 @@ class Client:
     def partition_owners(self, table: str) -> list[list[str]]:
         """For each partition of the table, its replicas' server addresses, primary first, under the spec this
         client routes by (what a job needs to run a partition's work next to its data)."""
+    def partitions(self, table: str) -> int:
+        """The table's number of partitions (fixed at creation; cached like `value_type`)."""
     def value_type(self, table: str) -> tuple[str, int]:
         """(value type name, dim): dim is 0 unless "f32vec". Cached by the client after the first call."""
     # data (version 0 = current; a non-zero version pins)

@@ -269,6 +269,13 @@ impl Client {
             .map_err(|e| to_py(py, e))
     }
 
+    fn partitions(&self, py: Python<'_>, table: &str) -> PyResult<u32> {
+        let meta = py
+            .allow_threads(|| self.inner.table_meta(table))
+            .map_err(|e| to_py(py, e))?;
+        Ok(meta.partitions)
+    }
+
     fn value_type(&self, py: Python<'_>, table: &str) -> PyResult<(&'static str, u32)> {
         let meta = py
             .allow_threads(|| self.inner.table_meta(table))
