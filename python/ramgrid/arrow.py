@@ -153,15 +153,6 @@ class _Arrow:
             ranges = list(ex.map(ranged, range(k)))
         return pa.Table.from_batches([b for r in ranges for b in r], schema=sch)
 
-    def to_arrow(self, where: Any = None, columns: Sequence[str] | None = None, chunk_items: int = 1 << 20) -> pa.Table:
-        """The table (its items whose value satisfies `where`) as a `pyarrow.Table` of columns `key` and `value`
-        (or those named in `columns`); see the module for the types. Built from the scan's buffers: no Python
-        object per item."""
-        import pyarrow as pa
-
-        sch = self.arrow_schema(columns)
-        return pa.Table.from_batches(list(self.to_batches(where, columns, chunk_items)), schema=sch)
-
     def to_reader(self, where: Any = None, columns: Sequence[str] | None = None) -> pa.RecordBatchReader:
         """A `pyarrow.RecordBatchReader` over the table's batches, read as they are consumed."""
         import pyarrow as pa
