@@ -20,12 +20,14 @@ setup: $(VENV)/.ok ## Install what the build and tests need (memcached, Rust com
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jdk-headless) >/dev/null; }
 	@command -v mvn >/dev/null || { echo "installing Maven (apt; it fetches Hadoop's MiniDFSCluster jars)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven) >/dev/null; }
+	@command -v chromedriver >/dev/null || { echo "installing Chromium and its driver (apt; the dashboard's browser tests)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) >/dev/null; }
 	@rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
 $(VENV)/.ok: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q maturin pytest pytest-timeout pymemcache hypothesis numpy xxhash pyarrow "dask[distributed]" matplotlib wordfreq tqdm pandas ruff mypy atheris prometheus-client scipy scikit-learn fsspec requests polars duckdb
+	$(PIP) install -q maturin pytest pytest-timeout pymemcache hypothesis numpy xxhash pyarrow "dask[distributed]" matplotlib wordfreq tqdm pandas ruff mypy atheris prometheus-client scipy scikit-learn fsspec requests polars duckdb selenium
 	@touch $@
 
 develop: setup ## Build the Python package's native module (release) into the venv

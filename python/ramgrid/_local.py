@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from ramgrid._clients import GridConfig, client_for, release_client
 from ramgrid.exceptions import RamgridError, ServerStartError
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["LocalGrid", "ServerProcess", "local", "start_servers", "stop_processes"]
 
 _LISTEN_LINE = re.compile(rb"ramgrid-server listening on (\S+)")
+_HTTP_LINE = re.compile(rb"ramgrid-server http on (\S+)")
 PARENT_PID_ENV = "RAMGRID_PARENT_PID"
 # Environment the servers read that must not leak from the user's shell into an embedded cluster.
 _SCRUBBED_ENV = (
@@ -72,6 +74,20 @@ class ServerProcess:
         except OSError:
             return ""
         return data[-limit:].decode("utf-8", "replace").strip()
+
+    def dashboard_url(self, token: str | None = None, wait: float = 2.0) -> str | None:
+        """The URL of this server's dashboard (docs/dashboard.md), with `token` in its fragment (which browsers do
+        not send to the server; the page's login script reads it); None when it serves no HTTP."""
+        deadline = time.monotonic() + wait
+        while True:
+            with contextlib.suppress(OSError):
+                m = _HTTP_LINE.search(self.stdout_path.read_bytes())
+                if m:
+                    fragment = f"#token={quote(token, safe='')}" if token else ""
+                    return f"http://{m.group(1).decode()}/{fragment}"
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                return None
+            time.sleep(0.02)
 
 
 def _package_root() -> str:
@@ -117,7 +133,7 @@ def start_servers(
         raise ValueError("threads must be >= 1")
     env = server_env(token, parent_watch)
     args = [sys.executable, "-m", "ramgrid._serve", "--listen", "127.0.0.1:0", "--threads", str(threads)]
-    args += ["--table-memory", str(memory), *extra_args]
+    args += ["--table-memory", str(memory), *extra_args, *_http_args(extra_args)]
     started: list[ServerProcess] = []
     # The children keep their own copies of the log descriptors; ours close when the servers have started.
     with contextlib.ExitStack() as files:
@@ -131,6 +147,12 @@ def start_servers(
             stop_processes([sp.proc for sp in started], grace=2.0)
             raise
     return started
+
+
+def _http_args(extra_args: Sequence[str]) -> list[str]:
+    """An HTTP listener (metrics and dashboard) on a free loopback port, unless the caller chose one."""
+    chosen = any(a.split("=")[0] in ("--metrics", "--http") for a in extra_args)
+    return [] if chosen else ["--http", "127.0.0.1:0"]
 
 
 def _data_args(data_dir: Path | None, i: int, state_root: Path) -> list[str]:
@@ -410,6 +432,7 @@ class LocalGrid(Grid):
         env = server_env(start["token"], True)  # type: ignore[arg-type]
         args = [sys.executable, "-m", "ramgrid._serve", "--listen", listen, "--threads", str(start["threads"])]
         args += ["--table-memory", str(start["memory"]), *start["extra_args"]]  # type: ignore[misc]
+        args += _http_args(start["extra_args"])  # type: ignore[arg-type]
         args += _data_args(start["data_dir"], index, Path(self._tmpdir)) + extra  # type: ignore[arg-type]
         with contextlib.ExitStack() as files:
             sp = _spawn(index, args, env, Path(self._tmpdir), files)
@@ -420,6 +443,15 @@ class LocalGrid(Grid):
                 stop_processes([sp.proc], grace=2.0)
                 raise
         return sp
+
+    @property
+    def dashboard_url(self) -> str | None:
+        """The live dashboard of the first running server (any server shows the whole cluster), with the token in
+        the URL's fragment when the grid has one; None when no server runs or none serves HTTP."""
+        for sp in self._servers:
+            if sp.proc.poll() is None:
+                return sp.dashboard_url(self._start["token"])  # type: ignore[arg-type]
+        return None
 
     def alive(self) -> list[bool]:
         """Which servers are still running."""

@@ -211,6 +211,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     print(f"started {len(addresses)} servers: {','.join(addresses)}")
     print(f"state: {state_path}")
     print(f"export {ENV_SPEC}={','.join(addresses)}")
+    print(f"dashboard: {servers[0].dashboard_url(token)}")
     return 0
 
 

@@ -110,9 +110,10 @@ pub struct Config {
     /// `$XDG_RUNTIME_DIR/ramgrid`, else `/tmp/ramgrid-<uid>`; `off`: no socket.
     #[arg(long, env = "RAMGRID_SHM_DIR", default_value = "auto")]
     pub shm_dir: String,
-    /// Serve Prometheus metrics over HTTP (`GET /metrics`) on this address; off by default. The
-    /// endpoint has no authentication: a non-loopback address also needs --insecure-no-auth.
-    #[arg(long, env = "RAMGRID_METRICS")]
+    /// Serve HTTP on this address (alias --http): Prometheus metrics at `/metrics` and the live
+    /// dashboard at `/` (docs/dashboard.md); off by default. `/metrics` has no authentication: a
+    /// non-loopback address also needs --insecure-no-auth, and the dashboard there a --token.
+    #[arg(long, visible_alias = "http", env = "RAMGRID_METRICS")]
     pub metrics: Option<SocketAddr>,
     /// Allow listening on a non-loopback address without a token. Anyone who can reach the port can read and write everything.
     #[arg(long)]

@@ -11,6 +11,7 @@ pub mod compute;
 pub mod config;
 pub mod conn;
 mod convert;
+pub mod dashboard;
 pub mod export;
 pub mod io;
 pub mod ledger;

@@ -654,6 +654,9 @@ pub fn spawn(
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<JoinHandle<()>> {
     listener.set_nonblocking(true)?;
+    // The same listener serves the dashboard (docs/dashboard.md), whose sampler runs here too.
+    let dash =
+        crate::dashboard::Dashboard::new(node.clone(), shared.clone(), listener.local_addr()?);
     std::thread::Builder::new()
         .name("ramgrid-metrics".into())
         .spawn(move || {
@@ -664,15 +667,16 @@ pub fn spawn(
                 let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
                     return;
                 };
+                tokio::spawn(dash.clone().run(stop.clone()));
                 loop {
                     tokio::select! {
                         r = listener.accept() => {
                             let Ok((sock, _)) = r else { continue };
-                            let (shared, node) = (shared.clone(), node.clone());
+                            let (shared, node, dash) = (shared.clone(), node.clone(), dash.clone());
                             tokio::spawn(async move {
                                 let _ = tokio::time::timeout(
                                     READ_TIMEOUT * 2,
-                                    serve_http(sock, &shared, &node),
+                                    serve_http(sock, &shared, &node, &dash),
                                 )
                                 .await;
                             });
@@ -714,7 +718,12 @@ fn route(head: &[u8]) -> Route {
     }
 }
 
-async fn serve_http(mut sock: tokio::net::TcpStream, shared: &Shared, node: &Node) {
+async fn serve_http(
+    mut sock: tokio::net::TcpStream,
+    shared: &Shared,
+    node: &Node,
+    dash: &Arc<crate::dashboard::Dashboard>,
+) {
     let mut buf = vec![0u8; MAX_REQUEST];
     let mut n = 0;
     let complete = tokio::time::timeout(READ_TIMEOUT, async {
@@ -736,7 +745,14 @@ async fn serve_http(mut sock: tokio::net::TcpStream, shared: &Shared, node: &Nod
     let (code, body, head_only) = match complete {
         Ok(true) => match route(&buf[..n]) {
             Route::Metrics { head_only } => ("200 OK", render(shared, node), head_only),
-            Route::NotFound => ("404 Not Found", "not found: try /metrics\n".into(), false),
+            Route::NotFound => {
+                // Any other GET is the dashboard's (its page, its API, or its 404).
+                let head = String::from_utf8_lossy(&buf[..n]);
+                let target = head.split(' ').nth(1).unwrap_or("/");
+                let head_only = head.starts_with("HEAD ");
+                crate::dashboard::http::serve(&mut sock, target, &head, head_only, dash).await;
+                return;
+            }
             Route::BadMethod => ("405 Method Not Allowed", "only GET\n".into(), false),
             Route::Bad => ("400 Bad Request", "bad request\n".into(), false),
         },
