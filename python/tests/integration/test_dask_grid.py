@@ -149,7 +149,8 @@ def test_servers_follow_the_workers_and_leave_nothing_behind() -> None:
     # Closing the cluster stopped every server; nothing of theirs is left.
     until("every server's exit", lambda: not any(alive(p) for p in seen.values()), 30)
     assert not [a for a in addresses if shm_socket(a).exists()]
-    assert not {f for f in dev_shm() - shm_before if "ramgrid" in f.lower()}
+    # ramgrid's segments are memfds, never files; Python's multiprocessing semaphores may come and go meanwhile.
+    assert not {f for f in dev_shm() - shm_before if not f.startswith("sem.mp-")}
 
 
 def test_worker_and_server_restarts_keep_the_grid() -> None:
