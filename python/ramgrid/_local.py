@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["LocalGrid", "ServerProcess", "local", "start_servers", "stop_processes"]
 
 _LISTEN_LINE = re.compile(rb"ramgrid-server listening on (\S+)")
-_HTTP_LINE = re.compile(rb"ramgrid-server http on (\S+)")
+# The HTTP listener's address, from the server's start line in its log (text or JSON): stdout keeps its one line.
+_HTTP_LOG = re.compile(rb'\bmetrics"?[=:]"([^"\s]+)"')
 PARENT_PID_ENV = "RAMGRID_PARENT_PID"
 # Environment the servers read that must not leak from the user's shell into an embedded cluster.
 _SCRUBBED_ENV = (
@@ -75,16 +76,17 @@ class ServerProcess:
             return ""
         return data[-limit:].decode("utf-8", "replace").strip()
 
-    def dashboard_url(self, token: str | None = None, wait: float = 2.0) -> str | None:
-        """The URL of this server's dashboard (docs/dashboard.md), with `token` in its fragment (which browsers do
-        not send to the server; the page's login script reads it); None when it serves no HTTP."""
+    def dashboard_url(self, token: str | None = None, tls: bool = False, wait: float = 2.0) -> str | None:
+        """The URL of this server's dashboard (docs/dashboard.md), https for a TLS server, with `token` in its
+        fragment (which browsers do not send to the server; the page's login script reads it); None when it serves
+        no HTTP (or logs below INFO)."""
         deadline = time.monotonic() + wait
         while True:
             with contextlib.suppress(OSError):
-                m = _HTTP_LINE.search(self.stdout_path.read_bytes())
+                m = _HTTP_LOG.search(self.stderr_path.read_bytes())
                 if m:
                     fragment = f"#token={quote(token, safe='')}" if token else ""
-                    return f"http://{m.group(1).decode()}/{fragment}"
+                    return f"{'https' if tls else 'http'}://{m.group(1).decode()}/{fragment}"
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 return None
             time.sleep(0.02)
@@ -450,7 +452,8 @@ class LocalGrid(Grid):
         the URL's fragment when the grid has one; None when no server runs or none serves HTTP."""
         for sp in self._servers:
             if sp.proc.poll() is None:
-                return sp.dashboard_url(self._start["token"])  # type: ignore[arg-type]
+                tls = any(a.split("=")[0] == "--tls-cert" for a in self._start["extra_args"])  # type: ignore[attr-defined]
+                return sp.dashboard_url(self._start["token"], tls)  # type: ignore[arg-type]
         return None
 
     def alive(self) -> list[bool]:

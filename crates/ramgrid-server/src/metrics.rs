@@ -674,10 +674,18 @@ pub fn spawn(
                             let Ok((sock, _)) = r else { continue };
                             let (shared, node, dash) = (shared.clone(), node.clone(), dash.clone());
                             tokio::spawn(async move {
-                                let _ = tokio::time::timeout(
-                                    READ_TIMEOUT * 2,
-                                    serve_http(sock, &shared, &node, &dash),
-                                )
+                                let _ = tokio::time::timeout(READ_TIMEOUT * 2, async {
+                                    // With --tls-cert this listener speaks HTTPS, with the data
+                                    // port's certificate and client-certificate rule.
+                                    match node.tls.clone() {
+                                        None => serve_http(sock, &shared, &node, &dash).await,
+                                        Some(tls) => {
+                                            if let Ok(s) = tls.acceptor.accept(sock).await {
+                                                serve_http(s, &shared, &node, &dash).await;
+                                            }
+                                        }
+                                    }
+                                })
                                 .await;
                             });
                         }
@@ -719,7 +727,7 @@ fn route(head: &[u8]) -> Route {
 }
 
 async fn serve_http(
-    mut sock: tokio::net::TcpStream,
+    mut sock: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     shared: &Shared,
     node: &Node,
     dash: &Arc<crate::dashboard::Dashboard>,

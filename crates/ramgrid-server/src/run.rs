@@ -77,9 +77,6 @@ pub fn run_until(config: &Config, mut stop: impl FnMut() -> bool) -> anyhow::Res
         {
             let mut out = std::io::stdout().lock();
             writeln!(out, "ramgrid-server listening on {}", handle.local_addr())?;
-            if let Some(http) = handle.metrics_addr() {
-                writeln!(out, "ramgrid-server http on {http}")?;
-            }
             out.flush()?;
         }
         rt.block_on(async {

@@ -50,6 +50,7 @@ def test_cli_cluster_tables_keys(tmp_path: Path) -> None:
     try:
         st = json.loads((state / "cluster.json").read_text())
         assert len(st["pids"]) == 2 and st["addresses"][0] in up.stdout
+        assert "dashboard: http://127.0.0.1:" in up.stdout
         status = rg(env, tmp_path, "cluster", "status")
         assert status.stdout.count("\tup") == 2
         again = rg(env, tmp_path, "cluster", "up", ok=False)

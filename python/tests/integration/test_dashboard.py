@@ -8,9 +8,12 @@ or Selenium is missing (`make setup` installs them)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
+import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -123,6 +126,22 @@ def test_with_a_token_the_page_and_api_need_it() -> None:
         assert http_status(base + "api/cluster", {"Authorization": "Bearer nope"})[0] == 401
         assert http_status(base, {"Authorization": f"Bearer {token}"})[0] == 200
         assert api(url, "/api/cluster", token)["members"][0]["state"] == "up"
+
+
+def test_with_tls_the_dashboard_is_served_over_https(tmp_path: Path) -> None:
+    subprocess.run(["bash", str(REPO_ROOT / "scripts" / "tls-test-certs.sh"), str(tmp_path)], check=True, timeout=60)
+    flags = ["--tls-cert", str(tmp_path / "server.pem"), "--tls-key", str(tmp_path / "server.key")]
+    with ramgrid.local(servers=1, memory="64MiB", extra_args=flags, tls=ramgrid.TLS(ca=tmp_path / "ca.pem")) as grid:
+        url = grid.dashboard_url
+        assert url is not None and url.startswith("https://127.0.0.1:")
+        ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+        with urllib.request.urlopen(url + "api/cluster", context=ctx, timeout=5) as r:
+            assert json.loads(r.read())["members"][0]["state"] == "up"
+        with urllib.request.urlopen(url + "metrics", context=ctx, timeout=5) as r:
+            assert b"ramgrid_uptime_seconds" in r.read()
+        # Plain HTTP gets no HTTP answer from a TLS listener (a TLS alert at most).
+        with pytest.raises((OSError, http.client.HTTPException)):
+            urllib.request.urlopen("http" + url.removeprefix("https") + "api/cluster", timeout=5)
 
 
 # --- in a real browser --------------------------------------------------------------------------------------------
