@@ -101,6 +101,17 @@ def _local_servers_here(servers: Sequence[str]) -> list[str]:
     return local_servers(servers)
 
 
+def _started_beside(client: Any, servers: Sequence[str]) -> dict[str, str]:
+    """Server -> worker for the members of `servers` that `ramgrid.dask` started beside a worker of this cluster."""
+    from ramgrid.dask import owners
+
+    try:
+        beside = owners(client)
+    except Exception:  # noqa: BLE001 - a scheduler without ramgrid installed runs no grid of ramgrid.dask's
+        return {}
+    return {s: w for s, w in beside.items() if s in servers}
+
+
 def pair_servers(local: dict[str, list[str]], servers: Sequence[str]) -> dict[str, str]:
     """The pairing rule (module docstring): `local` maps each worker address to the servers local to it; returns
     server address -> worker address for every server local to some worker."""
@@ -133,6 +144,7 @@ class DaskEngine:
         if servers:
             local = client.run(_local_servers_here, list(servers))
             self.pairing = pair_servers({w: list(v) for w, v in local.items()}, list(servers))
+            self.pairing.update(_started_beside(client, servers))
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, where: str | None = None, name: str = "task") -> Any:
         with self._lock:

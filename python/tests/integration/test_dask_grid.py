@@ -22,6 +22,7 @@ distributed = pytest.importorskip("distributed", reason="dask.distributed is not
 
 import ramgrid
 import ramgrid.dask
+from ramgrid.engines import DaskEngine
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.timeout(150)
@@ -113,6 +114,7 @@ def test_servers_follow_the_workers_and_leave_nothing_behind() -> None:
         assert all(alive(p) for p in seen.values())
         pairs = ramgrid.dask.owners(client)
         assert sorted(pairs) == sorted(seen) and len(set(pairs.values())) == 2  # one server beside each worker
+        assert DaskEngine(client, grid.servers).pairing == pairs  # jobs run a server's tasks beside it
 
         # Tasks write and read through get_grid(); the driver reads the same values.
         t = grid.create_table("scores", partitions=8, value_type="f64")
