@@ -40,6 +40,8 @@ logger = logging.getLogger("ramgrid.dask")
 NAME = "ramgrid-server"
 _HANDLERS = ("serve", "form", "join", "replace", "leave", "stop_server", "ping")
 _WATCH_MS = 500
+# How long a closing nanny waits for its server's partitions to move off before it stops the server anyway.
+_LEAVE_WAIT_S = 30.0
 # A server that exits more often than this is left down (and logged): restarting it again would only spin.
 _MAX_RESTARTS = 3
 _RESTART_WINDOW_S = 60.0
@@ -95,6 +97,11 @@ class ServerKeeper(NannyPlugin):
 
     async def teardown(self, nanny: Any) -> None:
         self._watch.stop()
+        if self._server is not None:
+            # Closing without a retirement (SIGTERM to `dask worker`, a batch job's end): the coordinator moves the
+            # partitions off first, through this plugin's handlers. Bounded: the nanny must close all the same.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(nanny.scheduler.ramgrid_leaving(nanny=nanny.address), _LEAVE_WAIT_S)
         for h in _HANDLERS:
             nanny.handlers.pop(f"ramgrid_{h}", None)
         async with self._lock:

@@ -143,7 +143,8 @@ class _Coordinator(SchedulerPlugin):
         self.spec: list[str] = []  # the group's spec as the last change reported it
         self.error: str | None = None
         self.stopped = False
-        self._retiring: set[str] = set()
+        self._retiring: set[str] = set()  # workers being retired
+        self._closing: set[str] = set()  # nannies closing on their own (never back: a new nanny has a new address)
         self._rejoin: set[str] = set()
         self._warned: set[str] = set()
         self._lock = asyncio.Lock()
@@ -153,6 +154,7 @@ class _Coordinator(SchedulerPlugin):
         scheduler.handlers["retire_workers"] = self._retire_workers
         scheduler.handlers["ramgrid_server_restarted"] = self._server_restarted
         scheduler.handlers["ramgrid_config"] = self.config
+        scheduler.handlers["ramgrid_leaving"] = self._nanny_leaving
         self._loop = asyncio.ensure_future(self._run())
         self._poke()
 
@@ -230,7 +232,7 @@ class _Coordinator(SchedulerPlugin):
         host's server goes to the nanny that has it already, else to the first of its nannies by address."""
         by_key: dict[str, list[Any]] = {}
         for ws in self.scheduler.workers.values():
-            if ws.address in self._retiring or ws.status in _LEAVING:
+            if ws.address in self._retiring or ws.status in _LEAVING or ws.nanny in self._closing:
                 continue
             if not ws.nanny:
                 if ws.address not in self._warned:
@@ -361,7 +363,7 @@ class _Coordinator(SchedulerPlugin):
         refused = set(addrs)
         try:
             async with self._lock:
-                await self._drain(set(addrs))
+                await self._drain({sched.workers[a].nanny for a in addrs if a in sched.workers})
             result = await original(workers=workers, names=names, **kwargs)
             # Only a worker that Dask itself declined to retire (its data had nowhere to go) stays and gets a server
             # again; the others stay marked until they are removed (SpecCluster passes names as `workers`, which
@@ -372,12 +374,24 @@ class _Coordinator(SchedulerPlugin):
             self._retiring.difference_update(refused)
             self._poke()
 
-    async def _drain(self, leaving_workers: set[str]) -> None:
-        """Moves the partitions off the servers whose workers leave, then stops them. With `per="host"`, a host
+    async def _nanny_leaving(self, nanny: str) -> None:
+        """A nanny closes without a retirement (`dask worker` stopped by SIGTERM, a batch job at its end): its
+        server's partitions move off first, as in a retirement. Asked by the nanny's plugin as it closes."""
+        if self.stopped or nanny not in self.members:
+            return
+        self._closing.add(nanny)
+        async with self._lock:
+            await self._drain({nanny})
+
+    async def _drain(self, leaving_nannies: set[str]) -> None:
+        """Moves the partitions off the servers of the leaving nannies, then stops them. With `per="host"`, a host
         that keeps other workers keeps a server: a new one beside one of them takes the leaving one's place."""
         wss = self.scheduler.workers
-        leaving_nannies = {wss[a].nanny for a in leaving_workers if a in wss and wss[a].nanny}
-        staying_ws = [ws for ws in wss.values() if ws.address not in self._retiring and ws.nanny]
+        staying_ws = [
+            ws
+            for ws in wss.values()
+            if ws.address not in self._retiring and ws.nanny and ws.nanny not in leaving_nannies
+        ]
         leave: list[_Member] = []
         handover: list[tuple[_Member, str]] = []  # (leaving member, nanny of a staying worker on its host)
         for m in self.members.values():
@@ -440,7 +454,7 @@ class _Coordinator(SchedulerPlugin):
         self._settled.set()
         if self.scheduler.handlers.get("retire_workers") == self._retire_workers:
             self.scheduler.handlers["retire_workers"] = self._original_retire
-        for h in ("ramgrid_server_restarted", "ramgrid_config"):
+        for h in ("ramgrid_server_restarted", "ramgrid_config", "ramgrid_leaving"):
             self.scheduler.handlers.pop(h, None)
         async with self._lock:
             members, self.members = list(self.members.values()), {}

@@ -147,6 +147,15 @@ def test_servers_follow_the_workers_and_leave_nothing_behind() -> None:
         assert not any(leaving in r for r in after.table("scores").owners())
         assert float(after.table("scores").get_many(keys).sum()) == expected
         assert sum(client.gather(client.map(read_task, ["scores"] * 8, chunks, pure=False))) == expected
+
+        # A nanny that closes on its own (as `dask worker` does on SIGTERM) moves its server's partitions off too.
+        closing, worker = min(ramgrid.dask.owners(client).items())
+        [nanny] = [n for n in c.workers.values() if n.worker_address == worker]
+        c.sync(nanny.close)
+        assert not alive(seen[closing]) and list(members(client)) == [a for a in after.servers if a != closing]
+        last = ramgrid.dask.get_grid(client)
+        assert last.servers == list(members(client))
+        assert float(last.table("scores").get_many(keys).sum()) == expected
         addresses = list(seen)
     # Closing the cluster stopped every server; nothing of theirs is left.
     until("every server's exit", lambda: not any(alive(p) for p in seen.values()), 30)
