@@ -22,6 +22,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from ramgrid._clients import GridConfig, client_for, release_client
 from ramgrid._local import ServerProcess, _spawn, _wait_listening, server_env, stop_processes
 from ramgrid.exceptions import RamgridError
 from ramgrid.grid import Grid
+from ramgrid.health import group_health
 
 __all__ = ["NAME", "ServerKeeper", "wait_formed"]
 
@@ -42,6 +44,9 @@ _HANDLERS = ("serve", "form", "join", "replace", "leave", "stop_server", "ping")
 _WATCH_MS = 500
 # How long a closing nanny waits for its server's partitions to move off before it stops the server anyway.
 _LEAVE_WAIT_S = 30.0
+# How long a membership change waits for the metadata group to be whole, and how often it is tried.
+_SETTLE_S = 20.0
+_MOVE_ATTEMPTS = 3
 # A server that exits more often than this is left down (and logged): restarting it again would only spin.
 _MAX_RESTARTS = 3
 _RESTART_WINDOW_S = 60.0
@@ -68,6 +73,42 @@ def wait_formed(grid: Grid, n: int, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise RamgridError(f"the servers' metadata group did not form within {timeout:.0f} s: {last}")
         time.sleep(0.05)
+
+
+def settled(grid: Grid, timeout: float = _SETTLE_S) -> bool:
+    """Waits (up to `timeout`) until the metadata group is whole: one leader known to every server that answers,
+    each of them a member, the voters in place. A move begun right after another one took a server (a voter,
+    perhaps the leader) away may otherwise find the group still electing and be refused (NO_QUORUM)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if group_health(grid.status())["whole"]:
+                return True
+        except RamgridError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+
+
+def _move(config: GridConfig, move: Callable[[Grid], dict[str, Any]]) -> dict[str, Any]:
+    """Runs a membership change once the group is whole, again (up to three times in all) if it is refused for a
+    retryable reason (`MoveFailed`, a group still electing: RamgridError, never ValueError)."""
+    try:
+        for attempt in range(_MOVE_ATTEMPTS):
+            grid = Grid(config)
+            settled(grid)
+            try:
+                return move(grid)
+            except RamgridError as e:
+                if attempt + 1 == _MOVE_ATTEMPTS:
+                    raise
+                logger.info("ramgrid: a membership change was refused (%s); trying again", e)
+                release_client(config)
+                time.sleep(1.0)
+        raise AssertionError("unreachable")
+    finally:
+        release_client(config)
 
 
 def _listen(host: str, port: int) -> str:
@@ -235,32 +276,22 @@ class ServerKeeper(NannyPlugin):
         self._seeds = list(seeds)
         config = self._config([s for s in seeds if s != own] or [own])
 
-        def join() -> dict[str, Any]:
-            grid = Grid(config)
+        def join(grid: Grid) -> dict[str, Any]:
             try:
                 return grid.add_server(own)
             except ValueError as e:
                 if "already a member" not in str(e):
                     raise
                 return {"to": grid.servers, "already_member": True}
-            finally:
-                release_client(config)
 
-        return await asyncio.to_thread(join)
+        return await asyncio.to_thread(_move, config, join)
 
     async def _replace(self, seeds: list[str], old: str) -> dict[str, Any]:
         """Puts this server in the place of `old` (`Grid.replace_server`): `old`'s partitions move here."""
         own = self._own()
         self._seeds = list(seeds)
         config = self._config(seeds)
-
-        def replace() -> dict[str, Any]:
-            try:
-                return Grid(config).replace_server(old, own)
-            finally:
-                release_client(config)
-
-        return await asyncio.to_thread(replace)
+        return await asyncio.to_thread(_move, config, lambda grid: grid.replace_server(old, own))
 
     async def _leave(self, seeds: list[str], move: bool) -> dict[str, Any]:
         """Moves this server's partitions to the others (`Grid.remove_server`) if `move`, then stops it. A move that
@@ -273,15 +304,8 @@ class ServerKeeper(NannyPlugin):
             if move:
                 own = self._own()
                 config = self._config([s for s in seeds if s != own] or [own])
-
-                def remove() -> dict[str, Any]:
-                    try:
-                        return Grid(config).remove_server(own)
-                    finally:
-                        release_client(config)
-
                 try:
-                    out["report"] = await asyncio.to_thread(remove)
+                    out["report"] = await asyncio.to_thread(_move, config, lambda grid: grid.remove_server(own))
                 except (RamgridError, ValueError) as e:
                     out["error"] = f"{type(e).__name__}: {e}"
             await self._stop()

@@ -66,6 +66,8 @@ COORDINATOR = "ramgrid-coordinator"
 _PER = ("host", "worker")
 # Arguments of Scheduler.workers_to_close, which a retire_workers call without workers or names passes on.
 _WORKERS_TO_CLOSE = ("memory_ratio", "n", "key", "minimum", "target", "attribute")
+# After a failed attempt to bring the servers in line with the workers, the next one comes this much later.
+_RETRY_S = 5.0
 # A worker in these states gets no server (it is leaving, or gone).
 _LEAVING = (Status.closing_gracefully, Status.closing, Status.closed, Status.failed)
 
@@ -224,6 +226,7 @@ class _Coordinator(SchedulerPlugin):
             except Exception as e:
                 self.error = f"{type(e).__name__}: {e}"
                 logger.exception("ramgrid coordinator: bringing the servers in line with the workers failed")
+                asyncio.get_running_loop().call_later(_RETRY_S, self._poke)
             if not self._wake.is_set():
                 self._settled.set()
 
@@ -414,7 +417,8 @@ class _Coordinator(SchedulerPlugin):
             return
         for old, heir in handover:
             try:
-                new = await self._serve(heir, old.host, None, self.config()["servers"])
+                # Its own data directory: the leaving server still runs in the host's one.
+                new = await self._serve(heir, old.host, heir.rsplit(":", 1)[-1], self.config()["servers"])
                 report = await self._call(heir, "replace", seeds=self.config()["servers"], old=old.address)
                 self.spec = list(report.get("to") or self.spec)
                 self.members.pop(old.nanny, None)

@@ -126,19 +126,27 @@ def test_servers_follow_the_workers_and_leave_nothing_behind() -> None:
         for w in client.scheduler_info()["workers"]:  # every worker has its server on its host
             assert client.submit(local_task, workers=[w], pure=False).result()
 
-        # A worker added by scale() gets a server that joins and takes partitions.
-        c.scale(3)
-        client.wait_for_workers(3, timeout=60)
-        until("a third server", lambda: len(members(client)) == 3)
-        new = (set(members(client)) - set(seen)).pop()
+        # Workers added by scale() get servers that join (one at a time) and take partitions.
+        c.scale(4)
+        client.wait_for_workers(4, timeout=60)
+        until("four servers", lambda: len(members(client)) == 4)
+        new = set(members(client)) - set(seen)
         seen.update(members(client))
-        until("the new server in the spec", lambda: new in ramgrid.dask.get_grid(client).servers)
-        assert any(new in replicas for replicas in ramgrid.dask.get_grid(client).table("scores").owners())
+        until("the new servers in the spec", lambda: new <= set(ramgrid.dask.get_grid(client).servers))
+        holders = {a for replicas in ramgrid.dask.get_grid(client).table("scores").owners() for a in replicas}
+        assert new <= holders
         assert float(t.get_many(keys).sum()) == expected
 
+        # A scale-down (SpecCluster retires by name) moves the leaving server's partitions off first.
+        c.scale(3)
+        until("three servers", lambda: len(members(client)) == 3 and len(ramgrid.dask.get_grid(client).servers) == 3)
+        gone = (set(seen) - set(members(client))).pop()
+        until("the scaled-down server's exit", lambda: not alive(seen[gone]), 30)
+        assert not any(gone in r for r in ramgrid.dask.get_grid(client).table("scores").owners())
+        assert float(ramgrid.dask.get_grid(client).table("scores").get_many(keys).sum()) == expected
+
         # Retiring a worker moves its server's partitions off before the server stops.
-        leaving = min(seen)
-        worker = ramgrid.dask.owners(client)[leaving]
+        leaving, worker = min(ramgrid.dask.owners(client).items())
         client.retire_workers([worker])
         assert leaving not in members(client)
         until("the retired server's exit", lambda: not alive(seen[leaving]), 30)
