@@ -40,7 +40,7 @@ def load_main(argv: Sequence[str]) -> int:
     p.add_argument("--skip-bad-lines", action="store_true", help="skip and count bad lines instead of failing")
     p.add_argument("--workers", type=int, help="local loader threads (default: CPU count)")
     p.add_argument("--dask", metavar="SCHEDULER", help="run the tasks on this Dask scheduler's workers")
-    p.add_argument("--chunk-mib", type=int, default=64, help="text bytes per task (default 64)")
+    p.add_argument("--chunk-mib", type=int, help="text MiB per task (default: 4 tasks a worker, 4-64 MiB each)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     args = p.parse_args(list(argv))
@@ -74,7 +74,7 @@ def load_main(argv: Sequence[str]) -> int:
                 create=not args.no_create,
                 dask_client=dask_client,
                 workers=args.workers,
-                chunk_bytes=max(1, args.chunk_mib) << 20,
+                chunk_bytes=max(1, args.chunk_mib) << 20 if args.chunk_mib is not None else None,
                 skip_bad_lines=args.skip_bad_lines,
                 progress=not args.no_progress,
             )

@@ -1,11 +1,11 @@
-"""Parquet row groups into keys and values: the key and value columns picked by name or index, converted to the
-load's key and value types, with null rows and rows that do not convert reported as bad rows, and a damaged page
-named by its column chunk and byte range.
+"""Parquet row groups into batches of keys and values: the key and value columns picked by name or index,
+converted to the load's key and value types, with null rows and rows that do not convert reported as bad rows, and
+a damaged page named by its column chunk and byte range.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -18,27 +18,42 @@ from ramgrid.load.parse import MAX_KEY_BYTES, _hint, _Options, _parse_key, _pars
 BadRow = Callable[[int | None, str], None]
 
 
-def _read_row_group(task: splits.FileSplit, opts: _Options, bad: BadRow) -> tuple[Any, Any, np.ndarray]:
-    """A Parquet task's row group as (keys, values, row numbers): the key and value columns converted to the load's
-    types; rows that cannot be (a null, a key or value that does not convert) go to `bad` and are left out. Row
-    numbers count from 1 at the file's first row."""
+# Rows of a row group read, converted and written at a time.
+_BATCH_ROWS = 1 << 17
+
+
+def _row_group_batches(
+    task: splits.FileSplit, opts: _Options
+) -> Iterator[tuple[Any, Any, np.ndarray, list[tuple[int | None, str]]]]:
+    """A Parquet task's row group as batches of (keys, values, row numbers, bad rows): the key and value columns
+    converted to the load's types; rows that cannot be (a null, a key or value that does not convert) are left out
+    and listed as (row number, reason). Row numbers count from 1 at the file's first row."""
     import pyarrow as pa
 
     pf = splits.parquet().ParquetFile(task.path)
     meta = pf.metadata
-    row0 = sum(meta.row_group(i).num_rows for i in range(task.row_group))
+    row = sum(meta.row_group(i).num_rows for i in range(task.row_group)) + 1
     kname, vname = _parquet_columns(pf.schema_arrow, opts, task.path)
-    try:
-        t = pf.read_row_group(task.row_group, columns=[kname, vname])
-    except (OSError, pa.ArrowException) as e:  # a damaged page: say which column chunk, and where it lies
-        raise _damaged_row_group(pf, task, (kname, vname), e) from None
-    keys = t.column(kname).combine_chunks()
-    values = t.column(vname).combine_chunks()
-    rownum = np.arange(row0 + 1, row0 + 1 + t.num_rows)
-    keys, values, rownum = _drop_null_rows(bad, keys, values, rownum)
-    keys, values, rownum = _convert_parquet_keys(opts, bad, pa, keys, values, rownum)
-    values, keys, rownum = _convert_parquet_values(opts, bad, pa, values, keys, rownum)
-    return keys, values, rownum
+    batches = pf.iter_batches(batch_size=_BATCH_ROWS, row_groups=[task.row_group], columns=[kname, vname])
+    while True:
+        try:
+            t = next(batches, None)
+        except (OSError, pa.ArrowException) as e:  # a damaged page: say which column chunk, and where it lies
+            raise _damaged_row_group(pf, task, (kname, vname), e) from None
+        if t is None:
+            return
+        bad: list[tuple[int | None, str]] = []
+
+        def note(r: int | None, why: str, bad: list[tuple[int | None, str]] = bad) -> None:
+            bad.append((r, why))
+
+        keys, values = t.column(kname), t.column(vname)
+        rownum = np.arange(row, row + t.num_rows)
+        row += t.num_rows
+        keys, values, rownum = _drop_null_rows(note, keys, values, rownum)
+        keys, values, rownum = _convert_parquet_keys(opts, note, pa, keys, values, rownum)
+        values, keys, rownum = _convert_parquet_values(opts, note, pa, values, keys, rownum)
+        yield keys, values, rownum, bad
 
 
 def _parquet_columns(schema: Any, opts: _Options, path: str) -> tuple[str, str]:

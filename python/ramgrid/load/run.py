@@ -5,8 +5,10 @@ one stays current; and the report of what it did.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,6 +68,11 @@ plan_tasks = splits.plan_splits
 
 log = logging.getLogger("ramgrid.load")
 
+# Text bytes a task reads and parses at a time (the next piece is parsed while this one is written).
+_READ_BLOCK = 4 << 20
+# Bounds of the text byte range of a task when the caller gives none.
+_MIN_TASK_BYTES, _MAX_TASK_BYTES = 4 << 20, 64 << 20
+
 
 def load_table(
     grid_or_table: Grid | Table,
@@ -84,7 +91,7 @@ def load_table(
     create: bool = True,
     dask_client: Any = None,
     workers: int | None = None,
-    chunk_bytes: int = 64 << 20,
+    chunk_bytes: int | None = None,
     batch_rows: int = 10_000,
     skip_bad_lines: bool = False,
     progress: bool = True,
@@ -100,8 +107,9 @@ def load_table(
     names or indices for Parquet (default: the first two). `header`: skip each text file's first line.
     `partitions` / `replication`: for a table the load creates (`create=True`; with create=False the table must
     exist). `dask_client`: run the tasks on its workers; else on `workers` local threads. `chunk_bytes`: text byte
-    range per task; `batch_rows`: rows per write. `skip_bad_lines`: skip and count bad lines instead of failing.
-    `progress`: a progress bar on stderr.
+    range per task (default: the plain text cut into about four tasks per worker, 4-64 MiB each; a compressed file
+    is one task, a Parquet row group one); `batch_rows`: rows per write. `skip_bad_lines`: skip and count bad lines
+    instead of failing. `progress`: a progress bar on stderr.
 
     Raises LoadError (a ValueError) naming file, line and reason for bad input; any failure leaves the previous
     version current.
@@ -113,8 +121,10 @@ def load_table(
     if batch_rows < 1:
         raise ValueError("batch_rows must be >= 1")
     src = Path(path)
-    tasks = plan_tasks(src, format=format, chunk_bytes=chunk_bytes)
     files = splits.input_files(src, format)
+    if chunk_bytes is None:
+        chunk_bytes = _task_bytes(files, _parallelism(dask_client, workers))
+    tasks = plan_tasks(src, format=format, chunk_bytes=chunk_bytes)
     first_path, first_fmt = files[0]
 
     existing = _describe(grid, name)
@@ -147,7 +157,7 @@ def load_table(
             header,
             skip_bad_lines,
             batch_rows,
-            min(chunk_bytes, 8 << 20),
+            min(chunk_bytes, _READ_BLOCK),
             inferred_from,
         )
         for fmt in {f for _, f in files}
@@ -212,6 +222,25 @@ def load_table(
 def table_load(self: Table, path: PathLike, **options: Any) -> LoadReport:
     """`Table.load(path, **options)`: `load_table(self, None, path, **options)`."""
     return load_table(self, None, path, **options)
+
+
+def _parallelism(dask_client: Any, workers: int | None) -> int:
+    """Tasks the engine runs at once: `workers` local threads (default as ThreadEngine's), or the Dask workers'
+    threads."""
+    if dask_client is None:
+        return int(workers or max(2, os.cpu_count() or 1))
+    return max(1, int(sum(dask_client.nthreads().values())))
+
+
+def _task_bytes(files: Sequence[tuple[Path, str]], parallelism: int) -> int:
+    """The byte range of a text task: the plain text files' bytes spread over four tasks per worker, so that the
+    last tasks to finish are short and no worker idles for long, within [4 MiB, 64 MiB]."""
+    total = 0
+    for p, fmt in files:
+        if fmt != "parquet":
+            with contextlib.suppress(OSError):  # an unreadable file fails the load later, with its name
+                total += 0 if splits.is_gzip(p) else p.stat().st_size
+    return min(_MAX_TASK_BYTES, max(_MIN_TASK_BYTES, total // (4 * parallelism) + 1))
 
 
 def _quietly(fn: Callable[[], Any]) -> None:

@@ -1,26 +1,34 @@
 """One load task, on a local thread or a Dask worker: it reads its split (a byte range of a text file, a compressed
 file, a Parquet row group), parses it, and writes it in batches into the load's open version, counting bad lines
 and keeping a few of them as samples. Module-level functions of picklable arguments, so that they run anywhere.
+
+A task reads and parses one piece ahead on a second thread (pyarrow's parser and the native writes release the
+GIL), so that parsing the next piece overlaps writing this one; its writes stay in file order, so the last line of
+a key within a task is the one that stays.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ramgrid import splits
 from ramgrid._clients import client_for
 from ramgrid.exceptions import BatchError, LoadError
 from ramgrid.grid import Grid, VersionPart
-from ramgrid.load.parquet import _read_row_group
-from ramgrid.load.parse import _Options, _parse_fast, _parse_slow
+from ramgrid.load.parquet import _row_group_batches
+from ramgrid.load.parse import _Options, _parse_fast, _parse_slow, _Rows
 
 if TYPE_CHECKING:
     from ramgrid.grid import GridConfig
 
 _MAX_BAD_SAMPLES = 10
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -61,15 +69,15 @@ class _TaskRun:
         self.client = client_for(target.config)
         self.part = VersionPart(Grid(target.config), target.table, target.version)
         self.result = _TaskResult()
-        # Lines of the file before this task's first line: counted only when a message needs a line number.
-        self._line_base: int | None = 0 if task.kind != "range" or task.start == 0 else None
-        self.first_line_offset = task.start
+        # (offset, lines before it) of a plain file, counted from the start only when a message needs a line number.
+        self._lines_at = (0, 0)
 
-    def line_base(self, lines_in_task: int) -> int:
-        """Absolute number of lines before a piece, given the lines this task saw before it."""
-        if self._line_base is None:
-            self._line_base = splits.lines_before(self.task.path, self.first_line_offset)
-        return self._line_base + lines_in_task
+    def lines_before(self, offset: int) -> int:
+        """Lines of the (plain) file that end before byte `offset`; counts on from the last offset asked for."""
+        at, lines = self._lines_at if offset >= self._lines_at[0] else (0, 0)
+        lines += _count_lines(self.task.path, at, offset)
+        self._lines_at = (offset, lines)
+        return lines
 
     def bad(self, line: int | None, reason: str) -> None:
         if not self.opts.skip_bad_lines:
@@ -107,6 +115,12 @@ class _TaskRun:
                 stored += hi - lo - len(failures)
         return stored
 
+    def count(self, rows: int, nbytes: int) -> None:
+        self.result.rows += rows
+        self.result.bytes += nbytes
+        if self.progress is not None and (rows or nbytes):
+            self.progress(rows, nbytes)
+
 
 class _NeedLines(Exception):
     """A fast-path write had a key refused; the piece is redone on the slow path to name its line."""
@@ -119,6 +133,42 @@ def _is_fatal(reason: str) -> bool:
     """Only refusals caused by the row itself are bad lines; anything else (no memory, a replica short of the
     acknowledgement level, a server error) fails the load as a grid error."""
     return not reason.startswith(_ROW_REFUSALS)
+
+
+def _count_lines(path: str, start: int, end: int) -> int:
+    n = 0
+    with open(path, "rb") as f:
+        f.seek(start)
+        left = end - start
+        while left > 0:
+            data = f.read(min(left, 8 << 20))
+            if not data:
+                break
+            n += data.count(b"\n")
+            left -= len(data)
+    return n
+
+
+_END: Any = object()
+
+
+def _ahead(items: Iterator[T]) -> Generator[T, None, None]:
+    """`items`, each computed on a helper thread while the caller works on the one before. The iterator runs on
+    that thread only; leaving early waits for the item in progress and closes `items`."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="ramgrid-load-ahead")
+    try:
+        nxt = pool.submit(next, items, _END)
+        while True:
+            item = nxt.result()
+            if item is _END:
+                return
+            nxt = pool.submit(next, items, _END)
+            yield item
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
 
 
 def _run_task(
@@ -140,71 +190,85 @@ def _run_task(
     return run.result
 
 
-def _run_text(run: _TaskRun) -> None:
+@dataclass
+class _Piece:
+    """A text piece read and parsed: its lines after any header, the fast parser's rows (None: take the slow
+    path), the input bytes it accounts for, and what tells the number of lines before it."""
+
+    body: bytes
+    rows: _Rows | None
+    step: int
+    offset: int  # plain files: the byte offset of the body's first line
+    lines: int  # compressed files: lines before the body (plain files count them from `offset` when needed)
+
+
+def _text_pieces(run: _TaskRun) -> Iterator[_Piece]:
+    """The task's pieces, read and parsed by the fast parser (on the read-ahead thread: it touches no task state)."""
     task, opts = run.task, run.opts
-    pieces = splits.text_pieces(task, opts.read_block)
     lines_seen = 0
     consumed = 0
+    accounted = 0
     first = True
-    for data, mark in pieces:
-        run.check_cancel()
-        if first and task.kind == "range":
-            run.first_line_offset = mark
+    for data, mark in splits.text_pieces(task, opts.read_block):
         skip = 0
         if first and opts.header and (task.kind == "stream" or task.start == 0):
             nl = data.find(b"\n")
             skip = len(data) if nl < 0 else nl + 1
         first = False
-        body = data[skip:]
-        header_lines = 1 if skip else 0
-        _write_piece(run, body, lines_seen + header_lines)
-        lines_seen += data.count(b"\n")
+        body = data[skip:] if skip else data
         if task.kind == "stream":
             step, consumed = mark - consumed, mark
+            lines = lines_seen + (1 if skip else 0)
+            lines_seen += data.count(b"\n")
         else:
             # A range accounts for exactly its own bytes, though its last line may run past its end.
-            step = min(len(data), task.size - run.result.bytes)
-        run.result.bytes += step
-        if run.progress is not None and step:
-            run.progress(0, step)
+            step = min(len(data), task.size - accounted)
+            lines = 0
+        accounted += step
+        yield _Piece(body, _parse_fast(body, opts), step, mark + skip, lines)
+
+
+def _run_text(run: _TaskRun) -> None:
+    task = run.task
+    with contextlib.closing(_ahead(_text_pieces(run))) as pieces:
+        for piece in pieces:
+            run.check_cancel()
+            _write_piece(run, piece)
     if task.kind == "range" and task.size > run.result.bytes:
-        rest = task.size - run.result.bytes  # the partial first line, which the previous range owns
-        run.result.bytes += rest
-        if run.progress is not None:
-            run.progress(0, rest)
+        run.count(0, task.size - run.result.bytes)  # the partial first line, which the previous range owns
 
 
-def _write_piece(run: _TaskRun, body: bytes, lines_before: int) -> None:
+def _write_piece(run: _TaskRun, piece: _Piece) -> None:
     opts = run.opts
 
     def line_of_index(i: int) -> int:
-        return run.line_base(lines_before) + i + 1
+        before = piece.lines if run.task.kind == "stream" else run.lines_before(piece.offset)
+        return before + i + 1
 
-    rows = _parse_fast(body, opts)
+    rows = piece.rows
     if rows is not None:
         try:
-            stored = run.write(rows.keys, rows.values, None)
-            run.result.rows += stored
-            if run.progress is not None:
-                run.progress(stored, 0)
+            run.count(run.write(rows.keys, rows.values, None), piece.step)
             return
         except _NeedLines:
             pass  # redo on the slow path, which knows each row's line; rewriting a key is idempotent
-    rows = _parse_slow(body, opts)
+    rows = _parse_slow(piece.body, opts)
     for i, why in rows.bad:
         run.bad(line_of_index(i), why)
     lines = rows.lines or []
-    stored = run.write(rows.keys, rows.values, lambda j: line_of_index(lines[j]))
-    run.result.rows += stored
-    if run.progress is not None:
-        run.progress(stored, 0)
+    run.count(run.write(rows.keys, rows.values, lambda j: line_of_index(lines[j])), piece.step)
+
+
+def _row_of(rownum: Any) -> Callable[[int], int | None]:
+    return lambda j: int(rownum[j])
 
 
 def _run_parquet(run: _TaskRun) -> None:
     task = run.task
-    keys, values, rownum = _read_row_group(task, run.opts, run.bad)
-    stored = run.write(keys, values, lambda j: int(rownum[j]))
-    run.result.rows += stored
-    run.result.bytes += task.size
-    if run.progress is not None:
-        run.progress(stored, task.size)
+    with contextlib.closing(_ahead(_row_group_batches(task, run.opts))) as batches:
+        for keys, values, rownum, bad in batches:
+            run.check_cancel()
+            for row, why in bad:
+                run.bad(row, why)
+            run.count(run.write(keys, values, _row_of(rownum)), 0)
+    run.count(0, task.size)
