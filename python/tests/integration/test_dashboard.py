@@ -112,6 +112,8 @@ def test_the_api_shows_the_whole_cluster_from_any_server() -> None:
         # The same listener still serves Prometheus; other paths and methods are refused.
         assert http_status(url + "metrics")[0] == 200
         assert http_status(url + "nope")[0] == 404
+        # Without a token, a page served under another name (DNS rebinding) is refused.
+        assert http_status(url + "api/cluster", {"Host": f"evil.example:{url.split(':')[2].rstrip('/')}"})[0] == 403
 
 
 def test_with_a_token_the_page_and_api_need_it() -> None:

@@ -84,6 +84,27 @@ pub fn bearer(head: &str) -> Option<&str> {
     })
 }
 
+/// The `Host` header of a request head, if any.
+pub fn host(head: &str) -> Option<&str> {
+    head.lines().skip(1).find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("host")
+            .then(|| value.trim())
+    })
+}
+
+/// Whether `host` (a `Host` header) names this machine by address or as `localhost`. Without a
+/// token this is what keeps a web page whose name was re-pointed at 127.0.0.1 (DNS rebinding)
+/// from reading the dashboard as its own origin.
+pub fn local_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
+}
+
 /// Who may see the dashboard: the token's holders when there is one, else anyone on a
 /// loopback listener, else no one.
 pub fn access(token: Option<&str>, presented: Option<&str>, bind: SocketAddr) -> Access {
@@ -128,6 +149,13 @@ pub async fn serve<S: AsyncWrite + Unpin>(
                 "text/plain; charset=utf-8",
                 "the dashboard is served off loopback only with a token: start the server with \
                  --token (RAMGRID_TOKEN)\n"
+                    .into(),
+            ),
+            (Access::Open, _) if !host(head).is_some_and(local_host) => (
+                "403 Forbidden",
+                "text/plain; charset=utf-8",
+                "without a token the dashboard answers only requests to an IP address or \
+                 localhost (Host header)\n"
                     .into(),
             ),
             (Access::Refused, Page::Index) => {
@@ -199,6 +227,32 @@ mod tests {
             bearer("GET / HTTP/1.1\r\nAuthorization: Basic abc\r\n\r\n"),
             None
         );
+    }
+
+    #[test]
+    fn only_addresses_and_localhost_pass_without_a_token() {
+        assert_eq!(
+            host("GET / HTTP/1.1\r\nhOsT: 127.0.0.1:9\r\n\r\n"),
+            Some("127.0.0.1:9")
+        );
+        assert_eq!(host("GET / HTTP/1.1\r\n\r\n"), None);
+        for ok in [
+            "127.0.0.1:9100",
+            "127.0.0.1",
+            "localhost:80",
+            "[::1]:9100",
+            "10.1.2.3",
+        ] {
+            assert!(local_host(ok), "{ok}");
+        }
+        for bad in [
+            "evil.example:9100",
+            "evil.example",
+            "127.0.0.1.evil.example:1",
+            "",
+        ] {
+            assert!(!local_host(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 const TOKEN_KEY = "ramgrid-token";
 const POLL_MS = 1000;
 const WINDOW_S = 300;
+const CHART_PX = 170;
 const COLORS = ["#2f6fd6", "#e07b39", "#2a9d8f", "#9b5de5", "#d62839", "#6a994e", "#f4a259", "#577590"];
 const token = sessionStorage.getItem(TOKEN_KEY);
 const headers = token ? { Authorization: "Bearer " + token } : {};
@@ -67,8 +68,8 @@ async function get(path) {
 // A line chart of `series` ([{name, values, color}], values aligned with `t`, null for gaps) over
 // the last WINDOW_S seconds; `log` draws the y axis in powers of ten.
 function chart(el, t, series, { log = false, unit = "" } = {}) {
-  const w = Math.max(el.clientWidth, 200), h = Math.max(el.clientHeight, 120);
-  const pad = { l: 44, r: 8, t: 8, b: 30 };
+  const w = Math.max(el.clientWidth, 200), h = CHART_PX;
+  const pad = { l: 44, r: 18, t: 8, b: 18 };
   const now = t.length ? t[t.length - 1] : Math.floor(Date.now() / 1000);
   const x0 = now - WINDOW_S;
   const vals = series.flatMap((s) => s.values).filter((v) => v !== null && v !== undefined && (!log || v > 0));
@@ -86,7 +87,7 @@ function chart(el, t, series, { log = false, unit = "" } = {}) {
     const f = log ? (Math.log10(v) - Math.log10(lo)) / (Math.log10(hi) - Math.log10(lo)) : (v - lo) / (hi - lo);
     return h - pad.b - (h - pad.t - pad.b) * f;
   };
-  let out = `<svg viewBox="0 0 ${w} ${h}" preserveAspectRatio="none" role="img">`;
+  let out = `<svg viewBox="0 0 ${w} ${h}" height="${h}" preserveAspectRatio="none" role="img">`;
   const ticks = [];
   if (log) for (let v = lo; v <= hi * 1.0001; v *= 10) ticks.push(v);
   else for (let i = 0; i <= 4; i++) ticks.push(lo + (hi - lo) * i / 4);
@@ -99,7 +100,7 @@ function chart(el, t, series, { log = false, unit = "" } = {}) {
     const x = X(x0 + m).toFixed(1);
     out += `<text x="${x}" y="${h - pad.b + 12}" text-anchor="middle">${m === WINDOW_S ? "now" : "-" + (WINDOW_S - m) / 60 + " min"}</text>`;
   }
-  let lx = pad.l;
+  let legend = "";
   for (const s of series) {
     let d = "", pen = false;
     s.values.forEach((v, i) => {
@@ -108,10 +109,9 @@ function chart(el, t, series, { log = false, unit = "" } = {}) {
       pen = true;
     });
     if (d) out += `<path d="${d}" fill="none" stroke="${s.color}" stroke-width="1.6"/>`;
-    out += `<rect x="${lx}" y="${h - 10}" width="10" height="3" fill="${s.color}"/><text class="legend" x="${lx + 13}" y="${h - 7}" dominant-baseline="middle">${esc(s.name)}</text>`;
-    lx += 20 + 6.5 * s.name.length;
+    legend += `<span><i style="background:${s.color}"></i>${esc(s.name)}</span>`;
   }
-  el.innerHTML = out + "</svg>";
+  el.innerHTML = out + `</svg><div class="legend">${legend}</div>`;
 }
 
 // --- sections -----------------------------------------------------------------------------------
