@@ -24,11 +24,13 @@ How it is built (two Dask plugins):
 
 Following the cluster: a worker host added (`cluster.scale`, adaptive scaling) gets a server started with `--join`
 of the members and added with `Grid.add_server`, which moves its share of partitions to it. A retirement
-(`client.retire_workers`, a scale-down, adaptive scaling; all of them call the scheduler's `retire_workers`, which the
-coordinator wraps) first moves the partitions off the leaving hosts' servers (`Grid.remove_server`) and stops them,
-then lets Dask retire the workers; when every server leaves at once (the cluster closes) nothing is moved. A host
-that dies is failed over by the servers' control plane like any server. The nanny restarts a server that exited on
-its own; closing the cluster (or `stop(client)`) stops every server, and a server never outlives its nanny.
+(`client.retire_workers`, a scale-down, adaptive scaling; all of them call the scheduler's `retire_workers` handler,
+which the coordinator wraps: Dask has no plugin hook that runs before a retirement) first moves the partitions off the
+leaving hosts' servers (`Grid.remove_server`) and stops them, then lets Dask retire the workers; when every server
+leaves at once (the cluster closes) nothing is moved. A nanny that closes on its own (`dask worker` on SIGTERM, a
+batch job's end) asks the coordinator for the same move before its server stops (for up to 30 s). A host that dies is
+failed over by the servers' control plane like any server. The nanny restarts a server that exited on its own;
+closing the cluster (or `stop(client)`) stops every server, and a server never outlives its nanny.
 
 Tasks find their grid with `get_grid()`: it asks the scheduler once per worker process for the token and members, so
 no handle needs to be passed around; jobs that take `dask_client=` pair their tasks with the servers as usual
@@ -45,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ramgrid._clients import GridConfig, _existing_client
+from ramgrid.engines import DASK_COORDINATOR
 from ramgrid.exceptions import RamgridError
 from ramgrid.grid import Grid, Table
 
@@ -62,7 +65,7 @@ __all__ = ["COORDINATOR", "DaskGrid", "get_grid", "owners", "start", "stop"]
 
 logger = logging.getLogger("ramgrid.dask")
 
-COORDINATOR = "ramgrid-coordinator"
+COORDINATOR = DASK_COORDINATOR
 _PER = ("host", "worker")
 # Arguments of Scheduler.workers_to_close, which a retire_workers call without workers or names passes on.
 _WORKERS_TO_CLOSE = ("memory_ratio", "n", "key", "minimum", "target", "attribute")

@@ -101,12 +101,20 @@ def _local_servers_here(servers: Sequence[str]) -> list[str]:
     return local_servers(servers)
 
 
+# The name under which `ramgrid.dask` registers its scheduler plugin, which knows the worker beside each server it
+# started. Looked up by name, not imported: the engines sit below the handles that module is built on.
+DASK_COORDINATOR = "ramgrid-coordinator"
+
+
+def _owners_on_scheduler(dask_scheduler: Any) -> dict[str, str]:
+    plugin = dask_scheduler.plugins.get(DASK_COORDINATOR)
+    return {} if plugin is None or getattr(plugin, "stopped", True) else dict(plugin.owners())
+
+
 def _started_beside(client: Any, servers: Sequence[str]) -> dict[str, str]:
     """Server -> worker for the members of `servers` that `ramgrid.dask` started beside a worker of this cluster."""
-    from ramgrid.dask import owners
-
     try:
-        beside = owners(client)
+        beside = client.run_on_scheduler(_owners_on_scheduler)
     except Exception:  # noqa: BLE001 - a scheduler without ramgrid installed runs no grid of ramgrid.dask's
         return {}
     return {s: w for s, w in beside.items() if s in servers}
