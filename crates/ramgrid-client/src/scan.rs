@@ -122,28 +122,68 @@ impl Chunk {
         self.keys.is_empty()
     }
 
-    /// Appends one page's items, starting new chunks every `per` items.
+    /// Appends one page's items, starting new chunks every `per` items. Keys are copied one by
+    /// one; fixed-width values as whole runs of the page's packed array.
     fn append(out: &mut Vec<Chunk>, page: &ScanReply<'_>, per: usize) {
         let (p, v, vt) = (page.head.partition, page.head.version, page.head.value_type);
-        for (k, val) in page.keys.zip(page.values) {
+        let mut keys = page.keys;
+        let mut values = page.values;
+        let width = vt_width(vt);
+        let mut left = keys.len();
+        while left > 0 {
             if out.last().is_none_or(|c| c.len() >= per) {
                 out.push(Chunk::new(p, v, vt));
             }
             let c = out.last_mut().expect("pushed above");
-            c.keys.push(k);
-            match &mut c.values {
-                Values::Bytes(b) => {
-                    b.spans.push((b.data.len(), val.len()));
-                    b.data.extend_from_slice(val);
-                }
-                Values::I64(x) => x.push(i64::from_le_bytes(val.try_into().unwrap_or([0; 8]))),
-                Values::F64(x) => x.push(f64::from_le_bytes(val.try_into().unwrap_or([0; 8]))),
-                Values::F32Vec { data, .. } => data.extend(
-                    val.chunks_exact(4)
-                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-                ),
+            let take = left.min(per - c.len());
+            c.keys.offsets.reserve(take);
+            for k in keys.by_ref().take(take) {
+                c.keys.push(k);
             }
+            match values.packed() {
+                Some(raw) if width > 0 => {
+                    append_packed(&mut c.values, &raw[..(take * width).min(raw.len())]);
+                    values = values.skip_packed(take);
+                }
+                _ => {
+                    for val in values.by_ref().take(take) {
+                        if let Values::Bytes(b) = &mut c.values {
+                            b.spans.push((b.data.len(), val.len()));
+                            b.data.extend_from_slice(val);
+                        }
+                    }
+                }
+            }
+            left -= take;
         }
+    }
+}
+
+/// Bytes of one value of a fixed-width type (0 for bytes).
+fn vt_width(vt: ValueType) -> usize {
+    match vt {
+        ValueType::I64 | ValueType::F64 => 8,
+        ValueType::F32Vec(dim) => 4 * dim as usize,
+        ValueType::Bytes => 0,
+    }
+}
+
+/// Appends the little-endian values packed in `run` (whole values) to `values`.
+fn append_packed(values: &mut Values, run: &[u8]) {
+    match values {
+        Values::I64(x) => x.extend(
+            run.chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().expect("chunks of 8"))),
+        ),
+        Values::F64(x) => x.extend(
+            run.chunks_exact(8)
+                .map(|b| f64::from_le_bytes(b.try_into().expect("chunks of 8"))),
+        ),
+        Values::F32Vec { data, .. } => data.extend(
+            run.chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().expect("chunks of 4"))),
+        ),
+        Values::Bytes(_) => {}
     }
 }
 

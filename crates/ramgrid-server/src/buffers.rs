@@ -13,7 +13,9 @@
 //!    bound before composing it (waiting briefly when the budget is short, then composing only what
 //!    fits, so the client asks for fewer keys), and a memcached reply (at most one part of a
 //!    multi-key get) is charged as it grows. Both are given back when the reply is written and the
-//!    buffer shrinks.
+//!    buffer shrinks. A buffer may instead keep what it grew to (up to an eighth of the budget and
+//!    8 MiB) while half the budget is free: still charged, it serves the next reply without the
+//!    allocator mapping and faulting in its pages again (a scan's pages come one after another).
 //! 4. Memory given back wakes the connections waiting for it.
 
 use std::pin::pin;
@@ -22,6 +24,9 @@ use std::time::Duration;
 use ramgrid_store::Budget;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+/// Most a reply buffer keeps beyond its base between replies ([`ConnMemory::may_keep`]).
+const KEEP_MAX: usize = 8 << 20;
 
 /// How often a waiting connection looks at the budget again even without a wake-up.
 const RECHECK: Duration = Duration::from_millis(20);
@@ -129,6 +134,14 @@ impl<'a> ConnMemory<'a> {
             self.reply += free;
         }
         self.reply
+    }
+
+    /// Whether a reply buffer emptied after a write may keep `extra` bytes beyond its base for the
+    /// next reply (still charged): at most an eighth of the budget and 8 MiB, and only while half
+    /// the budget is free, so kept buffers never hold more than about half of it.
+    pub fn may_keep(&self, extra: usize) -> bool {
+        let budget = &self.pool.budget;
+        extra <= (budget.limit() / 8).min(KEEP_MAX) && budget.available() >= budget.limit() / 2
     }
 
     /// Replies now hold `held` bytes beyond the base: charges growth (memory already allocated

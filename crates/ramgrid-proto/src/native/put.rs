@@ -319,6 +319,18 @@ impl<'a> Values<'a> {
     pub fn raw(&self) -> &'a [u8] {
         self.r.rest()
     }
+
+    /// These values less their first `n` (fixed-width types; at most as many as are left).
+    pub fn skip_packed(self, n: usize) -> Values<'a> {
+        let Some(w) = self.width else { return self };
+        let n = n.min(self.left as usize);
+        let rest = self.r.rest();
+        Values {
+            r: Reader::new(&rest[(n * w).min(rest.len())..]),
+            left: self.left - n as u32,
+            width: self.width,
+        }
+    }
 }
 
 impl<'a> Iterator for Values<'a> {

@@ -133,11 +133,11 @@ fn put_values(view: &PartitionView<'_>, entries: &Entries, out: &mut Vec<u8>) {
     // Runs of a scalar column are copied as they lie; anything else value by value.
     if let Entries::Run(r) = entries {
         if let Some(c) = view.column_f64() {
-            out.extend(c[r.clone()].iter().flat_map(|x| x.to_le_bytes()));
+            put_le(out, &c[r.clone()], f64::to_le_bytes);
             return;
         }
         if let Some(c) = view.column_i64() {
-            out.extend(c[r.clone()].iter().flat_map(|x| x.to_le_bytes()));
+            put_le(out, &c[r.clone()], i64::to_le_bytes);
             return;
         }
     }
@@ -152,5 +152,19 @@ fn put_values(view: &PartitionView<'_>, entries: &Entries, out: &mut Vec<u8>) {
                 out.extend_from_slice(b);
             }
         }
+    }
+}
+
+/// Appends `xs` little-endian: one copy of the whole run where the machine is little-endian.
+fn put_le<T: Copy, const N: usize>(out: &mut Vec<u8>, xs: &[T], le: fn(T) -> [u8; N]) {
+    if cfg!(target_endian = "little") && std::mem::size_of::<T>() == N {
+        // SAFETY: `xs` is `size_of_val(xs)` initialized bytes (T is i64 or f64: no padding), and on
+        // a little-endian machine they are the values' little-endian encodings.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(xs.as_ptr().cast::<u8>(), std::mem::size_of_val(xs))
+        };
+        out.extend_from_slice(bytes);
+    } else {
+        out.extend(xs.iter().flat_map(|&x| le(x)));
     }
 }
