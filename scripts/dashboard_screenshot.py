@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import ramgrid
+from PIL import Image
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
@@ -70,7 +71,16 @@ def main() -> None:
             stop.set()
             if worker.is_alive():
                 worker.join()
+    crop(args.out)
     print(f"wrote {args.out}")
+
+
+def crop(path: str) -> None:
+    """Cuts the empty page below the last section."""
+    image = Image.open(path).convert("RGB")
+    pixels = np.asarray(image).astype(int)
+    used = np.where((np.abs(pixels - pixels[-1, 5]).sum(axis=2) > 10).any(axis=1))[0]
+    image.crop((0, 0, image.width, min(image.height, int(used.max()) + 20))).save(path, optimize=True)
 
 
 if __name__ == "__main__":
