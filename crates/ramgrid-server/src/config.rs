@@ -111,8 +111,8 @@ pub struct Config {
     #[arg(long, env = "RAMGRID_SHM_DIR", default_value = "auto")]
     pub shm_dir: String,
     /// Serve HTTP on this address (alias --http): Prometheus metrics at `/metrics` and the live
-    /// dashboard at `/` (docs/dashboard.md); off by default. `/metrics` has no authentication: a
-    /// non-loopback address also needs --insecure-no-auth, and the dashboard there a --token.
+    /// dashboard at `/` (docs/dashboard.md); off by default. A non-loopback address needs --token
+    /// (both then require it there) or --insecure-no-auth (metrics open to all, dashboard shut).
     #[arg(long, visible_alias = "http", env = "RAMGRID_METRICS")]
     pub metrics: Option<SocketAddr>,
     /// Allow listening on a non-loopback address without a token. Anyone who can reach the port can read and write everything.

@@ -244,16 +244,29 @@ impl std::fmt::Debug for Hook {
     }
 }
 
-/// Refuses a metrics address that other hosts could reach unless `--insecure-no-auth` says so:
-/// the endpoint has no authentication (it shows table names and figures, never data).
-pub fn check_addr(addr: SocketAddr, insecure_no_auth: bool) -> Result<(), String> {
-    if addr.ip().is_loopback() || insecure_no_auth {
+/// Refuses an HTTP address that other hosts could reach unless the server has a token (there,
+/// `/metrics` and the dashboard then require it: [`metrics_allowed`]) or `--insecure-no-auth`
+/// says so (`/metrics` open to all; the dashboard stays shut without a token).
+pub fn check_addr(addr: SocketAddr, token: bool, insecure_no_auth: bool) -> Result<(), String> {
+    if addr.ip().is_loopback() || token || insecure_no_auth {
         return Ok(());
     }
     Err(format!(
-        "refusing to serve metrics on non-loopback address {addr}: the endpoint has no \
-         authentication; use a loopback address (and a proxy), or pass --insecure-no-auth"
+        "refusing to serve metrics on non-loopback address {addr} without a token: pass --token \
+         (the metrics and the dashboard then require it there), use a loopback address (and a \
+         proxy), or pass --insecure-no-auth to let anyone read the metrics"
     ))
+}
+
+/// Whether a `/metrics` request may be answered: on a loopback listener always (a local scraper
+/// needs nothing); on another one, when the server has a token, only with `presented` equal to it.
+pub fn metrics_allowed(token: Option<&str>, presented: Option<&str>, bind: SocketAddr) -> bool {
+    match token {
+        _ if bind.ip().is_loopback() => true,
+        // Only with --insecure-no-auth (check_addr).
+        None => true,
+        Some(t) => presented.is_some_and(|p| crate::auth::token_matches(p.as_bytes(), t)),
+    }
 }
 
 // --- exposition ---------------------------------------------------------------------------------
@@ -752,7 +765,16 @@ async fn serve_http(
     .await;
     let (code, body, head_only) = match complete {
         Ok(true) => match route(&buf[..n]) {
-            Route::Metrics { head_only } => ("200 OK", render(shared, node), head_only),
+            Route::Metrics { head_only } => {
+                let head = String::from_utf8_lossy(&buf[..n]);
+                let presented = crate::dashboard::http::bearer(&head);
+                if metrics_allowed(node.token.as_deref(), presented, dash.bind) {
+                    ("200 OK", render(shared, node), head_only)
+                } else {
+                    let why = "this server needs its token: Authorization: Bearer <token>\n";
+                    ("401 Unauthorized", why.into(), false)
+                }
+            }
             Route::NotFound => {
                 // Any other GET is the dashboard's (its page, its API, or its 404).
                 let head = String::from_utf8_lossy(&buf[..n]);
@@ -781,6 +803,9 @@ async fn serve_http(
     );
     if code.starts_with("405") {
         reply.push_str("Allow: GET, HEAD\r\n");
+    }
+    if code.starts_with("401") {
+        reply.push_str("WWW-Authenticate: Bearer realm=\"ramgrid\"\r\n");
     }
     reply.push_str("\r\n");
     if !head_only {
@@ -816,6 +841,23 @@ mod tests {
         assert_eq!(route(b"POST /metrics HTTP/1.1\r\n\r\n"), Route::BadMethod);
         assert_eq!(route(b"GET /metrics\r\n\r\n"), Route::Bad);
         assert_eq!(route(b"get k\r\n\r\n"), Route::Bad);
+    }
+
+    #[test]
+    fn off_loopback_the_token_guards_the_metrics() {
+        let lo: SocketAddr = "127.0.0.1:9100".parse().unwrap();
+        let all: SocketAddr = "0.0.0.0:9100".parse().unwrap();
+        assert!(check_addr(lo, false, false).is_ok());
+        assert!(check_addr(all, false, false)
+            .unwrap_err()
+            .contains("--token"));
+        assert!(check_addr(all, true, false).is_ok());
+        assert!(check_addr(all, false, true).is_ok());
+        assert!(metrics_allowed(Some("t"), None, lo));
+        assert!(metrics_allowed(None, None, all), "--insecure-no-auth");
+        assert!(!metrics_allowed(Some("t"), None, all));
+        assert!(!metrics_allowed(Some("t"), Some("u"), all));
+        assert!(metrics_allowed(Some("t"), Some("t"), all));
     }
 
     #[test]

@@ -96,7 +96,9 @@ impl ServerHandle {
 pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
     config.validate().map_err(anyhow::Error::msg)?;
     if let Some(addr) = config.metrics {
-        crate::metrics::check_addr(addr, config.insecure_no_auth).map_err(anyhow::Error::msg)?;
+        let token = config.token.is_some();
+        crate::metrics::check_addr(addr, token, config.insecure_no_auth)
+            .map_err(anyhow::Error::msg)?;
     }
     if !config.listen.ip().is_loopback() && config.token.is_none() {
         tracing::warn!(
