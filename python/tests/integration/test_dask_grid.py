@@ -222,6 +222,20 @@ def test_one_server_per_host_is_handed_over_when_its_worker_retires() -> None:
         assert float(ramgrid.dask.get_grid(client).table("h").get_many(keys).sum()) == float((keys * 0.5).sum())
 
 
+def test_closing_a_client_that_owns_its_cluster_stops_the_servers() -> None:
+    client = distributed.Client(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+    )
+    pids: list[int] = []
+    try:
+        ramgrid.dask.start(client, memory="32MiB", threads=1, per="worker")
+        pids += members(client).values()
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+    finally:
+        client.close()  # closes the LocalCluster it made, and with it the servers
+    until("the servers' exit", lambda: not any(alive(p) for p in pids), 30)
+
+
 def test_bad_starts_are_refused_and_change_nothing() -> None:
     with cluster(1) as (_, client):
         with pytest.raises(ValueError, match="per must be"):
