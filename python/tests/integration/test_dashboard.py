@@ -14,6 +14,7 @@ import os
 import shutil
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -144,6 +145,55 @@ def test_with_tls_the_dashboard_is_served_over_https(tmp_path: Path) -> None:
         # Plain HTTP gets no HTTP answer from a TLS listener (a TLS alert at most).
         with pytest.raises((OSError, http.client.HTTPException)):
             urllib.request.urlopen("http" + url.removeprefix("https") + "api/cluster", timeout=5)
+
+
+_OFF_LOOPBACK = r"""
+import json, subprocess, sys, time, urllib.error, urllib.request
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+subprocess.run(["ip", "addr", "add", "10.9.9.1/32", "dev", "lo"], check=True)
+def code(url, token=None):
+    headers = {"Authorization": "Bearer " + token} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+def serve(port, *flags):
+    args = [sys.executable, "-m", "ramgrid._serve", "--listen", "127.0.0.1:0", "--threads", "1"]
+    p = subprocess.Popen([*args, "--http", f"10.9.9.1:{port}", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.readline()
+    return p
+out = {}
+p = subprocess.run([sys.executable, "-m", "ramgrid._serve", "--http", "10.9.9.1:9100"], capture_output=True, timeout=30)
+out["no_token"] = (p.returncode, p.stderr.decode())
+p = serve(9101, "--token", "T")
+u = "http://10.9.9.1:9101/"
+out["token"] = [code(u + "metrics"), code(u + "metrics", "T"), code(u), code(u + "api/cluster", "T")]
+p.terminate(); p.wait()
+p = serve(9102, "--insecure-no-auth")
+u = "http://10.9.9.1:9102/"
+out["insecure"] = [code(u + "metrics"), code(u), code(u + "api/cluster")]
+p.terminate(); p.wait()
+print(json.dumps(out))
+"""
+
+
+def test_off_loopback_the_token_guards_the_page_and_the_metrics() -> None:
+    """A listener on a non-loopback address, inside a network namespace of the test's own (so nothing is reachable
+    from outside): refused without a token; with one, page, API and metrics need it; --insecure-no-auth opens the
+    metrics and never the page."""
+    if not shutil.which("unshare") or not shutil.which("ip"):
+        pytest.skip("needs unshare and ip")
+    if subprocess.run(["unshare", "-n", "true"], check=False, capture_output=True).returncode != 0:
+        pytest.skip("cannot create a network namespace here")
+    run = subprocess.run(
+        ["unshare", "-n", sys.executable, "-c", _OFF_LOOPBACK], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["no_token"][0] != 0 and "without a token" in out["no_token"][1]
+    assert out["token"] == [401, 200, 401, 200]
+    assert out["insecure"] == [200, 403, 403]
 
 
 # --- in a real browser --------------------------------------------------------------------------------------------
