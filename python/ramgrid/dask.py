@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -478,7 +479,7 @@ def start(
     memory: str = "1GiB",
     threads: int = 2,
     replication: int = 1,
-    data_dir: str | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
     per: str = "host",
     *,
     port: int = 0,

@@ -172,12 +172,18 @@ def test_servers_follow_the_workers_and_leave_nothing_behind() -> None:
     assert not {f for f in dev_shm() - shm_before if not f.startswith("sem.mp-")}
 
 
-def test_worker_and_server_restarts_keep_the_grid() -> None:
+def test_worker_and_server_restarts_keep_the_grid(tmp_path: Path) -> None:
     keys = np.arange(5_000, dtype=np.int64)
     expected = float((keys * 0.5).sum())
     with cluster(2) as (_, client):
-        grid = ramgrid.dask.start(client, memory="64MiB", threads=1, replication=2, per="worker", extra_args=FAST)
-        grid.create_table("r", partitions=8, value_type="f64").put_many(keys, keys * 0.5)
+        grid = ramgrid.dask.start(
+            client, memory="64MiB", threads=1, replication=2, per="worker", extra_args=FAST, data_dir=tmp_path
+        )
+        # Each server keeps its durable tables in a directory of its own, named after its host and worker.
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["127.0.0.1-0", "127.0.0.1-1"]
+        t = grid.create_table("r", partitions=8, value_type="f64", durability="snapshot")
+        with t.new_version() as v:
+            v.put_many(keys, keys * 0.5)
         before = members(client)
 
         # Workers restarted by their nannies keep their servers (and data); their tasks find the grid again.
