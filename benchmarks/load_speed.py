@@ -25,6 +25,7 @@ import argparse
 import collections
 import datetime
 import gzip
+import json
 import os
 import platform
 import shlex
@@ -33,7 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,28 @@ def pyarrow_read(fmt: str, path: Path) -> pa.Table:
     return pyarrow_csv(path, "\t" if fmt == "tsv" else ",")
 
 
+class Run:
+    """One timed run: wall seconds, and CPU seconds of every process that took part (this one and the servers)."""
+
+    def __init__(self, wall: float, cpu: float) -> None:
+        self.wall, self.cpu = wall, cpu
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid`, all its threads, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(f: Callable[..., Any], *args: Any, pids: Sequence[int] = ()) -> Run:
+    """Runs `f(*args)`, charging it the CPU of this process and of `pids`."""
+    cpu0 = time.process_time() + sum(cpu_seconds(p) for p in pids)
+    t0 = time.perf_counter()
+    f(*args)
+    wall = time.perf_counter() - t0
+    return Run(wall, time.process_time() + sum(cpu_seconds(p) for p in pids) - cpu0)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -184,46 +207,49 @@ def bench_binary() -> Path:
     return REPO / "target" / "release" / "ramgrid-bench"
 
 
-def memcached_native(a: argparse.Namespace, bench: Path, n: int, key_size: int, value_size: int) -> float:
-    """Seconds for ramgrid-bench's load workload (pipelined sets, 50 connections) to set `n` keys in a new memcached."""
+def memcached_native(a: argparse.Namespace, bench: Path, n: int, key_size: int, value_size: int) -> Run:
+    """ramgrid-bench's load workload (pipelined batches of 100 sets on 50 connections) setting `n` keys in a new
+    memcached: its measured window, and the CPU of memcached and of ramgrid-bench in that window."""
     with Memcached(a.server_threads, 4096) as mc:
-        cmd = [str(bench), "--server", f"127.0.0.1:{mc.port}", "--workload", "load", "--json"]
-        cmd += ["--key-count", str(n), "--key-size", str(key_size), "--value-size", str(value_size)]
-        t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, capture_output=True, timeout=600)
-        seconds = time.perf_counter() - t0
-        if mc.items() != n:
-            raise RuntimeError(f"memcached holds {mc.items()} items after loading {n}")
-    return seconds
+        cmd = [str(bench), "--server", f"127.0.0.1:{mc.port}", "--server-pid", str(mc.proc.pid), "--workload", "load"]
+        cmd += ["--json", "--key-count", str(n), "--key-size", str(key_size), "--value-size", str(value_size)]
+        out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600).stdout)
+        if out["keys"] != n or mc.items() != n:
+            raise RuntimeError(f"memcached holds {mc.items()} items after setting {out['keys']} of {n}")
+    return Run(out["window_s"], out["server_cpu_s"] + out["client_cpu_s"])
 
 
-def memcached_pymemcache(a: argparse.Namespace, keys: list[bytes], values: list[bytes]) -> float:
-    """Seconds for pymemcache's set_many(noreply=True) of the corpus's keys and values, 10,000 a call."""
+def memcached_pymemcache(a: argparse.Namespace, keys: list[bytes], values: list[bytes]) -> Run:
+    """pymemcache's set_many(noreply=True) of the corpus's own keys and values, 10,000 a call, from this process."""
     from pymemcache.client.base import Client
 
-    with Memcached(a.server_threads, 4096) as mc:
-        client = Client(("127.0.0.1", mc.port), no_delay=True)
-        t0 = time.perf_counter()
+    def load(client: Client) -> None:
         for lo in range(0, len(keys), 10_000):
             client.set_many(dict(zip(keys[lo : lo + 10_000], values[lo : lo + 10_000])), noreply=True)
         client.version()  # a reply after the last noreply set: every set was read by the server
-        seconds = time.perf_counter() - t0
+
+    with Memcached(a.server_threads, 4096) as mc:
+        client = Client(("127.0.0.1", mc.port), no_delay=True)
+        run = measured(load, client, pids=[mc.proc.pid])
         client.close()
         if mc.items() != len(keys):
             raise RuntimeError(f"memcached holds {mc.items()} items after loading {len(keys)}")
-    return seconds
+    return run
 
 
-def ramgrid_load(grid: Any, path: Path, rows: int, threads: int, name: str) -> float:
-    t0 = time.perf_counter()
-    report = grid.table(name).load(path, value_type="i64", progress=False, workers=threads, partitions=64)
-    seconds = time.perf_counter() - t0
-    if report.rows != rows or grid.table(name).count() != rows:
-        raise RuntimeError(
-            f"{name}: loaded {report.rows} rows, the table counts {grid.table(name).count()}, not {rows}"
-        )
+def ramgrid_load(grid: Any, path: Path, rows: int, threads: int, name: str) -> Run:
+    """`Table.load` of `path` into a new table (dropped after): wall seconds, CPU of this process and the servers."""
+
+    def load() -> None:
+        report = grid.table(name).load(path, value_type="i64", progress=False, workers=threads, partitions=64)
+        if report.rows != rows:
+            raise RuntimeError(f"{name}: loaded {report.rows} rows, not {rows}")
+
+    run = measured(load, pids=grid.pids)
+    if grid.table(name).count() != rows:
+        raise RuntimeError(f"{name}: the table counts {grid.table(name).count()} rows, not {rows}")
     grid.drop_table(name)
-    return seconds
+    return run
 
 
 # --- run ----------------------------------------------------------------------------------------------------------
@@ -245,8 +271,8 @@ def main() -> int:
 
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], check=False, cwd=REPO, capture_output=True, text=True
-    ).stdout
-    say(f"# load speed, {datetime.datetime.now().isoformat(timespec='seconds')}, commit {commit.strip()}")
+    )
+    say(f"# load speed, {datetime.datetime.now().isoformat(timespec='seconds')}, commit {commit.stdout.strip()}")
     say(f"# {shlex.join([sys.executable.split('/')[-1], *sys.argv])}")
     say(f"# {os.cpu_count()} CPUs, {platform.platform()}, pyarrow {pa.__version__}; load average {os.getloadavg()}")
     sizes = ", ".join(f"{f} {files[f].stat().st_size / 2**20:.1f} MiB" for f in formats)
@@ -254,44 +280,52 @@ def main() -> int:
     say(
         f"# threads: pyarrow and loader {a.threads}; {a.servers} ramgrid server(s) and memcached, {a.server_threads} each"
     )
-    say(f"# {a.rounds} rounds, interleaved; medians (min-max) below")
+    say(f"# {a.rounds} rounds, interleaved; medians over the rounds (ratios: median of each round's ratio)")
     bench = None if a.no_memcached else bench_binary()
 
-    times: dict[str, list[float]] = collections.defaultdict(list)
+    runs: dict[str, list[Run]] = collections.defaultdict(list)
     with ramgrid.local(servers=a.servers, threads=a.server_threads, memory="3GiB") as grid:
+        ramgrid_load(grid, files[formats[0]], n, a.threads, "warm_up")  # the servers' first touch of their memory
         for r in range(a.rounds):
             for fmt in formats:
-                path = files[fmt]
-                times[f"pyarrow {fmt}"].append(_timed(pyarrow_read, fmt, path))
-                times[f"ramgrid {fmt}"].append(ramgrid_load(grid, path, n, a.threads, f"load_{fmt}_{r}"))
+                runs[f"pyarrow {fmt}"].append(measured(pyarrow_read, fmt, files[fmt]))
+                runs[f"ramgrid {fmt}"].append(ramgrid_load(grid, files[fmt], n, a.threads, f"load_{fmt}_{r}"))
             if bench is not None:
-                times["memcached ramgrid-bench"].append(memcached_native(a, bench, n, key_size, value_size))
-                times["memcached pymemcache"].append(memcached_pymemcache(a, keys, values))
+                runs["memcached ramgrid-bench"].append(memcached_native(a, bench, n, key_size, value_size))
+                runs["memcached pymemcache"].append(memcached_pymemcache(a, keys, values))
             print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
 
-    med = {k: statistics.median(v) for k, v in times.items()}
+    def med(what: str, field: str = "wall") -> float:
+        return statistics.median(getattr(x, field) for x in runs[what])
+
+    def ratio(num: str, den: str, field: str = "wall") -> float:
+        return statistics.median(getattr(x, field) / getattr(y, field) for x, y in zip(runs[num], runs[den]))
+
     say("")
-    say(f"{'what':<28}{'seconds':>10}{'(min-max)':>18}{'rows/s':>14}")
-    for k, v in times.items():
-        say(f"{k:<28}{med[k]:>10.3f}   ({min(v):.3f}-{max(v):.3f}){n / med[k]:>14,.0f}")
+    say(f"{'what':<26}{'seconds':>9}{'(min-max)':>16}{'rows/s':>13}{'CPU s':>8}{'CPU ns/row':>12}")
+    for k, v in runs.items():
+        walls = [x.wall for x in v]
+        say(
+            f"{k:<26}{med(k):>9.3f} ({min(walls):6.3f}-{max(walls):6.3f}){n / med(k):>13,.0f}"
+            f"{med(k, 'cpu'):>8.2f}{med(k, 'cpu') * 1e9 / n:>12.0f}"
+        )
     say("")
-    mc = [med[k] for k in ("memcached ramgrid-bench", "memcached pymemcache") if k in med]
+    say(
+        "ramgrid load against pyarrow parsing the same file (time ratio, target <= 2) and memcached's set rate (target >= 4):"
+    )
     for fmt in formats:
-        peer = med[f"pyarrow {fmt}"]
-        line = f"ramgrid {fmt:<8} load / pyarrow parse: {med[f'ramgrid {fmt}'] / peer:5.2f}x the time (target <= 2)"
-        if mc:
-            line += f"; {min(mc) / med[f'ramgrid {fmt}']:5.2f}x memcached's best set rate (target >= 4)"
+        line = (
+            f"  {fmt:<8} {ratio(f'ramgrid {fmt}', f'pyarrow {fmt}'):5.2f}x pyarrow's time"
+            f" ({ratio(f'ramgrid {fmt}', f'pyarrow {fmt}', 'cpu'):4.2f}x its CPU)"
+        )
+        for peer in ("memcached ramgrid-bench", "memcached pymemcache"):
+            if peer in runs:
+                line += f"; {ratio(peer, f'ramgrid {fmt}'):5.2f}x the rate of {peer}"
         say(line)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text("\n".join(LINES) + "\n")
     return 0
-
-
-def _timed(f: Callable[..., Any], *args: Any) -> float:
-    t0 = time.perf_counter()
-    f(*args)
-    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":

@@ -174,7 +174,8 @@ def _pack_arrow_buffers(arr: Any, offset_dtype: type) -> Packed:
 
 def convert_values(values: Any) -> Any:
     """Returns put values in a form `_native.Client.put_many` accepts: a numpy array for numeric and vector tables,
-    a list of bytes/str for bytes tables. The table's type decides in the native layer; here the container does."""
+    a list of bytes/str or packed `(offsets, data)` (from a pyarrow string or binary array without nulls, read from
+    its buffers) for bytes tables. The table's type decides in the native layer; here the container does."""
     if isinstance(values, np.ndarray):
         if values.dtype.kind in "SUOT":
             return values.tolist()
@@ -183,7 +184,12 @@ def convert_values(values: Any) -> Any:
         pa = _pyarrow()
         t = values.type
         if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
-            return values.to_pylist()
+            if values.null_count:
+                return values.to_pylist()  # a None among them: the binding names it
+            if isinstance(values, pa.ChunkedArray):
+                values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+            wide = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+            return _pack_arrow_buffers(values, np.int64 if wide else np.int32)
         if values.null_count:
             raise ValueError(f"value array has {values.null_count} null(s); store a sentinel instead")
         if isinstance(values, pa.ChunkedArray):

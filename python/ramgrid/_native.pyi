@@ -97,8 +97,8 @@ class Client:
         keys of attached versions read over TCP, versions attached, bytes mapped."""
     def put_many(self, table: str, keys: KeysLike, values: Any, version: int = 0, merge: str = "store") -> None:
         """values: a numpy array (numeric/f32vec tables; converted to the table's type with numpy's same_kind casting,
-        which wraps and overflows silently: ramgrid.grid checks the values with `_keys.fit_values` first) or a list of
-        bytes/str (bytes tables).
+        which wraps and overflows silently: ramgrid.grid checks the values with `_keys.fit_values` first), or for bytes
+        tables a list of bytes/str or packed `(offsets, data)`: a 1-D int64 array of n + 1 offsets and the bytes.
         Raises BatchError listing failed keys if any key was refused; the others are stored."""
     def delete_many(self, table: str, keys: KeysLike, version: int = 0) -> int: ...
     def server_stats(self) -> list[dict[str, Any]]: ...

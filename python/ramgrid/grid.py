@@ -813,7 +813,7 @@ def _put(client: Any, name: str, keys: Any, values: Any, version: int, merge: st
     k = convert_keys(keys)
     n = key_count(k)
     v = convert_values(values)
-    nv = len(v)
+    nv = key_count(v)  # packed bytes values count as packed keys do
     if nv != n:
         raise ValueError(f"{n} keys but {nv} values")
     if n == 0:

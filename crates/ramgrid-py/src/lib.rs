@@ -18,7 +18,7 @@ use numpy::{
 };
 use pyo3::exceptions::{PyKeyboardInterrupt, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use ramgrid_client::{
     parse_type, type_name, Ack, Client as RustClient, ClientConfig, Consistency, Durability, Merge,
     MoveReport, TableDescription, ValueType, Values, ValuesRef,
@@ -609,6 +609,9 @@ enum ValueHolder<'py> {
     F64(PyReadonlyArray1<'py, f64>),
     F32(PyReadonlyArrayDyn<'py, f32>),
     List(Vec<Bound<'py, PyAny>>),
+    /// Bytes values packed as `(offsets, data)`: value `i` is `data[offsets[i]..offsets[i + 1]]`
+    /// (an Arrow binary column's buffers, handed over without a Python object per value).
+    Packed(PyReadonlyArray1<'py, i64>, Bound<'py, PyBytes>),
 }
 
 impl<'py> ValueHolder<'py> {
@@ -619,8 +622,13 @@ impl<'py> ValueHolder<'py> {
         n: usize,
     ) -> PyResult<ValueHolder<'py>> {
         if vt == ValueType::Bytes {
+            if let Ok(t) = values.downcast::<PyTuple>() {
+                return Self::packed(t, n);
+            }
             let list = values.downcast::<PyList>().map_err(|_| {
-                PyTypeError::new_err("values of a bytes table must be a list of bytes or str")
+                PyTypeError::new_err(
+                    "values of a bytes table must be a list of bytes or str, or an (offsets, data) tuple",
+                )
             })?;
             let items: Vec<_> = list.iter().collect();
             for it in &items {
@@ -688,6 +696,35 @@ impl<'py> ValueHolder<'py> {
         }
     }
 
+    /// Packed bytes values: `offsets` a 1-D int64 array of `n + 1` entries, `data` bytes. Their
+    /// order and bounds are checked by the client before anything is sent.
+    fn packed(t: &Bound<'py, PyTuple>, n: usize) -> PyResult<ValueHolder<'py>> {
+        let err = || {
+            PyTypeError::new_err(
+                "packed values: a tuple of a 1-D int64 numpy array of offsets and the bytes",
+            )
+        };
+        if t.len() != 2 {
+            return Err(err());
+        }
+        let offsets = t
+            .get_item(0)?
+            .downcast_into::<PyArray1<i64>>()
+            .map_err(|_| err())?;
+        let data = t
+            .get_item(1)?
+            .downcast_into::<PyBytes>()
+            .map_err(|_| err())?;
+        let offsets = sliceable(offsets)?.readonly();
+        if offsets.len() != n + 1 {
+            return Err(PyValueError::new_err(format!(
+                "{n} keys but {} packed values",
+                offsets.len().saturating_sub(1)
+            )));
+        }
+        Ok(ValueHolder::Packed(offsets, data))
+    }
+
     fn slices(&self) -> PyResult<Vec<&[u8]>> {
         let ValueHolder::List(items) = self else {
             return Ok(Vec::new());
@@ -707,6 +744,10 @@ impl<'py> ValueHolder<'py> {
             ValueHolder::F64(a) => ValuesRef::F64(a.as_slice().unwrap_or_default()),
             ValueHolder::F32(a) => ValuesRef::F32(a.as_slice().unwrap_or_default()),
             ValueHolder::List(_) => ValuesRef::Slices(slices),
+            ValueHolder::Packed(o, d) => ValuesRef::Packed {
+                offsets: o.as_slice().unwrap_or_default(),
+                data: d.as_bytes(),
+            },
         }
     }
 }

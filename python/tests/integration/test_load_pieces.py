@@ -130,3 +130,23 @@ def test_read_ahead_keeps_order_and_closes_its_source() -> None:
     assert next(it) == 1
     with pytest.raises(OSError, match="disk gone"):  # the source's error reaches the consumer, after what came first
         next(it)
+
+
+def test_bytes_values_from_arrow_go_packed(grid3: ramgrid.LocalGrid, table_name: str, tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    t = grid3.create_table(table_name, partitions=8, value_type="bytes")
+    vals = pa.array(["", "x", "é" * 300, "tab\there"] * 50, pa.large_string()).slice(2, 100)
+    keys = [f"k{i}" for i in range(100)]
+    t.put_many(keys, vals)  # handed to the binding as (offsets, data): no Python object per value
+    assert t.get_many(keys) == [v.encode() for v in vals.to_pylist()]
+    with pytest.raises(ValueError, match="2 keys but 3 values"):
+        t.put_many(["a", "b"], pa.array([b"1", b"2", b"3"]))
+    with pytest.raises(TypeError, match="NoneType"):
+        t.put_many(["a", "b"], pa.array(["1", None]))
+    assert t.get_many(["a", "b"], default=None) == [None, None]  # a refused call stores nothing
+    # A load of text values: each piece's value column goes packed too, exactly as read.
+    p = tmp_path / "v.tsv"
+    p.write_text("".join(f"k{i}\tv {i}\n" for i in range(3000)))
+    report = load_table(grid3, table_name + "_l", p, value_type="bytes", progress=False)
+    assert report.rows == 3000
+    assert grid3.table(table_name + "_l").get_many(["k0", "k2999"]) == [b"v 0", b"v 2999"]
