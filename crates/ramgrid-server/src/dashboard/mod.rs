@@ -171,7 +171,7 @@ impl Dashboard {
                 .watched_until
                 .lock()
                 .is_some_and(|t| Instant::now() < t);
-            self.round(watched).await;
+            self.round(watched, false).await;
             tokio::select! {
                 _ = tokio::time::sleep(TICK) => {}
                 _ = stop.changed() => break,
@@ -183,14 +183,16 @@ impl Dashboard {
     /// read is old (watching just began).
     pub async fn watch(self: &Arc<Self>) {
         *self.watched_until.lock() = Some(Instant::now() + WATCH_FOR);
-        let stale = self
-            .state
+        if self.peers_stale() {
+            self.round(true, true).await;
+        }
+    }
+
+    fn peers_stale(&self) -> bool {
+        self.state
             .lock()
             .peers_read
-            .is_none_or(|t| t.elapsed() > TICK * 3);
-        if stale {
-            self.round(true).await;
-        }
+            .is_none_or(|t| t.elapsed() > TICK * 3)
     }
 
     /// Runs `f` over the gathered state, with this server's address.
@@ -203,8 +205,14 @@ impl Dashboard {
         self.node.token.as_deref()
     }
 
-    async fn round(self: &Arc<Self>, peers: bool) {
+    /// Reads every member once (the peers only with `peers`); with `if_stale`, only when no
+    /// round read the peers lately (the page's four requests arrive together: one round serves
+    /// them all).
+    async fn round(self: &Arc<Self>, peers: bool, if_stale: bool) {
         let _one = self.round.lock().await;
+        if if_stale && !self.peers_stale() {
+            return;
+        }
         let me = self.node.server_id.clone();
         let status = Status::parse(&crate::cluster::status_text(&self.node));
         let figures = scrape::figures(&crate::metrics::render(&self.shared, &self.node));
