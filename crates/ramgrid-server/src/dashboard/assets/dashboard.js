@@ -137,7 +137,7 @@ function drawCluster(c) {
     let repair = r.pending_partitions > 0
       ? `<span class="progress"><div style="width:${(100 * r.done_partitions / Math.max(1, r.peak_partitions)).toFixed(0)}%"></div></span>${r.done_partitions}/${r.peak_partitions} partitions`
       : "";
-    if (r.copied_bytes > 0) repair += ` <span class="muted">${bytes(r.copied_bytes)} copied</span>`;
+    if (r.copied_bytes > 0) repair += ` <span class="muted" title="${r.copied_partitions} partitions, ${r.copy_failures} failed copies">${bytes(r.copied_bytes)} copied since start</span>`;
     if (r.stranded_partitions > 0) repair += ` <span class="problem">${r.stranded_partitions} stranded</span>`;
     const title = m.error ? ` title="${esc(m.error)}"` : "";
     return `<tr data-member="${esc(m.addr)}" data-state="${m.state}">` +
