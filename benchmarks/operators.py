@@ -57,6 +57,27 @@ def row(what: str, seconds: float, n: int, peer: float | None = None, peer_name:
     say(f"{what:<46} {seconds * 1e3:9.2f} ms {seconds * 1e9 / n:8.2f} ns/object{ratio}")
 
 
+EDGES = np.linspace(-4.0, 4.0, 17)
+
+
+def aggregates(table: Any, n: int, stream: float, rounds: int) -> None:
+    """Every aggregate over `table` (n f64 values), with and without a predicate, beside the streaming read."""
+    where = (0.0, 1.0)
+    calls: list[tuple[str, Callable[[], Any]]] = [
+        ("count(where=(0, 1))", lambda: table.count(where=where)),
+        ("sum()", lambda: table.sum()),
+        ("sum(where=(0, 1))", lambda: table.sum(where=where)),
+        ("stats() (count..var)", lambda: table.stats()),
+        ("stats(where=(0, 1))", lambda: table.stats(where=where)),
+        ("histogram(16 bins)", lambda: table.histogram(EDGES)),
+        ("histogram(16 bins, where=(0, 1))", lambda: table.histogram(EDGES, where=where)),
+        ("top_k(10)", lambda: table.top_k(10)),
+        ("top_k(10, where=(0, 1))", lambda: table.top_k(10, where=where)),
+    ]
+    for name, call in calls:
+        row(f"{name} at the server", best(call, rounds), n, stream, "the streaming read")
+
+
 def numpy_gradient(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, np.ndarray]:
     z = x @ w[:-1] + w[-1]
     p = 1.0 / (1.0 + np.exp(-z))
@@ -76,7 +97,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     gib = (args.scalars * 40 + args.rows * 1100) / 2**30 + 1
     say(f"# {' '.join(sys.argv)}")
-    say(f"# one server, one worker thread; best of {args.rounds}; {time.strftime('%Y-%m-%d %H:%M')}")
+    say(f"# one server, one worker thread (then two); best of {args.rounds}; {time.strftime('%Y-%m-%d %H:%M')}")
     with ramgrid.local(servers=1, memory=f"{int(gib * 1024)}MiB", threads=1) as grid:
         xs = rng.normal(0.0, 1.0, args.scalars)
         scalars = grid.create_table("scalars", partitions=64, value_type="f64")
@@ -87,27 +108,8 @@ def main() -> None:
         stream = best(lambda: xs.sum(), args.rounds)
         row("streaming read (numpy sum, this process)", stream, n)
         row("numpy count of 0 <= v < 1 (this process)", best(lambda: ((xs >= 0) & (xs < 1)).sum(), args.rounds), n)
-        row(
-            "count(where=(0, 1)) at the server",
-            best(lambda: scalars.count(where=(0.0, 1.0)), args.rounds),
-            n,
-            stream,
-            "the streaming read",
-        )
-        row(
-            "sum(where=(0, 1)) at the server",
-            best(lambda: scalars.sum(where=(0.0, 1.0)), args.rounds),
-            n,
-            stream,
-            "the streaming read",
-        )
-        row(
-            "stats() at the server (count..var)",
-            best(lambda: scalars.stats(), args.rounds),
-            n,
-            stream,
-            "the streaming read",
-        )
+        row("numpy histogram, 16 bins (this process)", best(lambda: np.histogram(xs, EDGES), args.rounds), n)
+        aggregates(scalars, n, stream, args.rounds)
         t_empty = best(lambda: empty.count(), args.rounds * 4)
         say(f"{'empty table count() beside them':<46} {t_empty * 1e3:9.3f} ms  (RAMCloud: a 350 ms floor)")
 
@@ -172,6 +174,15 @@ def main() -> None:
                 f"{ours.score(x64, ky):.5f} iterations {ours.n_iter_[0]} passes {ours.passes_}  "
                 f"{t_sk / ours.fit_seconds_:.2f}x scikit-learn's speed"
             )
+
+    # The same aggregates on a server with 2 worker threads: one call's partitions run side by side.
+    with ramgrid.local(servers=1, memory=f"{int(args.scalars * 40 / 2**20) + 512}MiB", threads=2) as grid:
+        scalars = grid.create_table("scalars", partitions=64, value_type="f64")
+        load(scalars, xs)
+        say(f"\n## {n:,} f64 values, one server with 2 worker threads")
+        stream = best(lambda: xs.sum(), args.rounds)
+        row("streaming read (numpy sum, this process)", stream, n)
+        aggregates(scalars, n, stream, args.rounds)
     if args.out:
         args.out.write_text("\n".join(LINES) + "\n")
 

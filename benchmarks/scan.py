@@ -4,7 +4,9 @@ One local server (`ramgrid.local(servers=1)`), an f64 table of N items (int64 ke
 
 - scan: `for keys, values in table.scan(): ...` touching each chunk's values (a sum);
 - filter: `table.filter((lo, hi))` selecting about 10 %;
-- in-process peers: `values.sum()` and `values[(values >= lo) & (values < hi)]` over a numpy array of the same N.
+- in-process peers: `values.sum()` and `values[(values >= lo) & (values < hi)]` over a numpy array of the same N;
+- `to_arrow()` beside pyarrow reading a Parquet file of the same keys and values, DuckDB summing that file, and
+  DuckDB summing the `to_arrow()` result and the table object itself (its Arrow C stream).
 
 It prints ns per item of each and the ratio to its in-process peer. A benchmark, not a test: it asserts nothing.
 
@@ -15,9 +17,13 @@ It prints ns per item of each and the ratio to its in-process peer. A benchmark,
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 
+import duckdb
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import ramgrid
 
 
@@ -63,10 +69,45 @@ def main() -> None:
             ("scan (all items)", best(scan), best(lambda: vals.sum())),
             ("filter (~10 %)", best(filt), best(lambda: vals[(vals >= lo) & (vals < hi)])),
         ]
+        # Arrow out, beside pyarrow reading a Parquet file of the same columns and DuckDB querying that file.
+        with tempfile.TemporaryDirectory() as d:
+            path = f"{d}/same.parquet"
+            pq.write_table(pa.table({"key": keys, "value": vals}), path)
+            t_arrow = best(lambda: t.to_arrow())
+            t_pq = best(lambda: pq.read_table(path))
+            t_duck_pq = best(lambda: duckdb.sql(f"select sum(value) from '{path}'").fetchall())
+            arrow_table = t.to_arrow()
+
+            # DuckDB finds a Python variable by its name in the calling function's locals.
+            def duck_arrow() -> float:
+                tbl = arrow_table  # noqa: F841 (read by DuckDB's replacement scan)
+                return float(duckdb.sql("select sum(value) from tbl").fetchall()[0][0])
+
+            def duck_grid() -> float:
+                tbl = t  # noqa: F841 (read by DuckDB's replacement scan)
+                return float(duckdb.sql("select sum(value) from tbl").fetchall()[0][0])
+
+            answer = duck_arrow()
+            t_duck_arrow = best(duck_arrow)
+            t_duck_grid = best(duck_grid)
+        rows.append(("to_arrow()", t_arrow, best(lambda: vals.sum())))
     print(f"{n} f64 items, {args.partitions} partitions, 1 local server, best of {args.rounds}")
     print(f"{'':18} {'ramgrid ns/item':>16} {'numpy ns/item':>14} {'ratio':>8}")
     for name, ours, peer in rows:
         print(f"{name:18} {ours / n * 1e9:16.1f} {peer / n * 1e9:14.2f} {ours / peer:8.0f}x")
+    print()
+
+    def ns(seconds: float) -> float:
+        return seconds / n * 1e9
+
+    print(f"{'to_arrow() from the grid':44} {ns(t_arrow):8.2f} ns/item")
+    print(f"{'pyarrow reading a Parquet of the same data':44} {ns(t_pq):8.2f} ns/item  ({t_arrow / t_pq:.2f}x)")
+    print(f"{'DuckDB sum(value) over that Parquet':44} {ns(t_duck_pq):8.2f} ns/item")
+    print(f"{'DuckDB sum(value) over to_arrow()':44} {ns(t_duck_arrow):8.2f} ns/item")
+    print(f"{'DuckDB sum(value) over the Table (C stream)':44} {ns(t_duck_grid):8.2f} ns/item")
+    print(
+        f"DuckDB over to_arrow(): {answer!r}; numpy: {vals.sum()!r}; equal to 1e-9: {abs(answer - vals.sum()) <= 1e-9 * n}"
+    )
 
 
 if __name__ == "__main__":
