@@ -38,6 +38,9 @@ ROWS = [
     ("get-pipelined", "get, pipelined x16", ["--workload", "get-pipelined", "--depth", "16"]),
     ("multiget-10", "multi-get, 10 keys", ["--workload", "multiget", "--keys-per-get", "10"]),
     ("multiget-100", "multi-get, 100 keys", ["--workload", "multiget", "--keys-per-get", "100"]),
+    # The meta protocol's multi-get: `mg <key> v k q` per key, then `mn`, in one write.
+    ("meta-multiget-10", "meta multi-get, 10 keys", ["--workload", "meta-multiget", "--keys-per-get", "10"]),
+    ("meta-multiget-100", "meta multi-get, 100 keys", ["--workload", "meta-multiget", "--keys-per-get", "100"]),
     ("set", "set, 1 key", ["--workload", "set"]),
 ]
 SERVERS = ("memcached", "ramgrid")
@@ -67,6 +70,11 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--memcached", default="memcached", help="memcached binary (default: from PATH)")
     p.add_argument("--no-build", action="store_true", help="do not run cargo build first")
+    p.add_argument(
+        "--ramgrid-binary",
+        type=Path,
+        help="ramgrid-server to measure instead of this checkout's (e.g. an older build, for a before/after)",
+    )
     p.add_argument("--out", type=Path, help="also write the report here (and the raw runs to the same name .json)")
     a = p.parse_args()
     a.keys = a.keys or (100_000 if a.quick else 1_000_000)
@@ -315,7 +323,10 @@ def report(a: argparse.Namespace, runs: dict, loads: dict, header: list[str]) ->
         )
     lines += notes
     lines.append("")
-    lines.append("ops/s: requests per second (a multi-get of K keys is one request; a pipelined get is one per key).")
+    lines.append(
+        "ops/s: requests per second (a multi-get of K keys is one request, and so is a meta multi-get of K `mg` "
+        "commands and an `mn`; a pipelined get is one per key)."
+    )
     lines.append("p99: of the round trip of one batch (one request, 16 pipelined gets, or one multi-get).")
     lines.append("ns/key: server CPU (user+system, from /proc) per key over the measured window.")
     lines.append(f"Figures are medians over {a.rounds} interleaved round(s); client and servers share this machine.")
@@ -360,6 +371,8 @@ def main() -> int:
     signal.signal(signal.SIGHUP, _on_signal)
     atexit.register(_stop_children)
     bench, server_bin = build(a)
+    if a.ramgrid_binary:
+        server_bin = a.ramgrid_binary.resolve()
 
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
     server_cmds: dict[str, list[str]] = {}

@@ -28,6 +28,8 @@ const TICK: Duration = Duration::from_millis(50);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
     Get,
+    /// A meta multi-get: `mg <key> v k q` per key, then `mn`.
+    MetaGet,
     Set,
 }
 
@@ -182,6 +184,16 @@ impl Conn {
                     }
                     self.wbuf.extend_from_slice(b"\r\n");
                 }
+                Op::MetaGet => {
+                    for _ in 0..shape.keys_per_request {
+                        let id = self.rng.gen_range(0..plan.keys.count());
+                        self.ids.push(id);
+                        self.wbuf.extend_from_slice(b"mg ");
+                        plan.keys.write(id, &mut self.wbuf);
+                        self.wbuf.extend_from_slice(b" v k q\r\n");
+                    }
+                    self.wbuf.extend_from_slice(b"mn\r\n");
+                }
                 Op::Set => {
                     let id = if plan.load {
                         self.load_next += 1;
@@ -276,24 +288,25 @@ impl Conn {
         let k = plan.shape.keys_per_request;
         while self.in_flight && self.next_reply < self.batch_requests {
             let buf = &self.rbuf[self.rstart..self.rend];
-            let status = match plan.shape.op {
-                Op::Get => {
-                    let want = &self.ids[self.next_reply * k..(self.next_reply + 1) * k];
-                    // Replies list hits in request order, skipping misses: match them in that order.
-                    let mut cursor = 0;
-                    reply::parse_get(buf, |key| {
-                        let Some(id) = plan.keys.id_of(key) else {
-                            return false;
-                        };
-                        while cursor < want.len() {
-                            cursor += 1;
-                            if want[cursor - 1] == id {
-                                return true;
-                            }
-                        }
-                        false
-                    })
+            let want = &self.ids[(self.next_reply * k).min(self.ids.len())..];
+            let want = &want[..k.min(want.len())];
+            // Replies list hits in request order, skipping misses: match them in that order.
+            let mut cursor = 0;
+            let key_ok = |key: &[u8]| {
+                let Some(id) = plan.keys.id_of(key) else {
+                    return false;
+                };
+                while cursor < want.len() {
+                    cursor += 1;
+                    if want[cursor - 1] == id {
+                        return true;
+                    }
                 }
+                false
+            };
+            let status = match plan.shape.op {
+                Op::Get => reply::parse_get(buf, key_ok),
+                Op::MetaGet => reply::parse_meta_get(buf, key_ok),
                 Op::Set => reply::parse_stored(buf),
             }
             .with_context(|| format!("connection {}", self.index))?;

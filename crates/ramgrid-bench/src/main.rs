@@ -2,7 +2,8 @@
 //! measures ramgrid and memcached alike.
 //!
 //! Workloads: `get` (one key per request), `get-pipelined` (`--depth` gets sent back to back),
-//! `multiget` (`get k1 .. kK`), `set`, and `load` (write every key once, in pipelined batches).
+//! `multiget` (`get k1 .. kK`), `meta-multiget` (`mg <key> v k q` per key, then `mn`), `set`, and
+//! `load` (write every key once, in pipelined batches).
 //! Every reply is parsed and checked; one that does not parse stops the run with an error.
 
 mod driver;
@@ -29,6 +30,9 @@ enum Workload {
     GetPipelined,
     /// One `get` of `--keys-per-get` keys per round trip.
     Multiget,
+    /// A meta-protocol multi-get per round trip: `mg <key> v k q` for each of `--keys-per-get`
+    /// keys, then `mn` (memcached's pipelined form of a multi-key get).
+    MetaMultiget,
     /// One set per round trip.
     Set,
     /// Writes every key of the key space once, `--load-batch` sets per round trip.
@@ -41,6 +45,7 @@ impl Workload {
             Workload::Get => "get",
             Workload::GetPipelined => "get-pipelined",
             Workload::Multiget => "multiget",
+            Workload::MetaMultiget => "meta-multiget",
             Workload::Set => "set",
             Workload::Load => "load",
         }
@@ -74,7 +79,7 @@ struct Args {
     /// Pipeline depth of get-pipelined.
     #[arg(long, default_value_t = 16)]
     depth: usize,
-    /// Keys per request of multiget.
+    /// Keys per request of multiget and meta-multiget.
     #[arg(long, default_value_t = 10)]
     keys_per_get: usize,
     /// Keys in the key space; requests draw uniformly from it.
@@ -186,6 +191,11 @@ fn run(args: &Args) -> Result<Report> {
         },
         Workload::Multiget => Shape {
             op: Op::Get,
+            requests: 1,
+            keys_per_request: args.keys_per_get,
+        },
+        Workload::MetaMultiget => Shape {
+            op: Op::MetaGet,
             requests: 1,
             keys_per_request: args.keys_per_get,
         },

@@ -144,6 +144,61 @@ pub fn parse_get(buf: &[u8], mut key_ok: impl FnMut(&[u8]) -> bool) -> Result<St
     }
 }
 
+/// Parses the reply to a meta multi-get, `mg <k1> v k q` .. `mg <kn> v k q` then `mn`: zero or
+/// more `VA <bytes> k<key>` items (misses are quiet), then `MN`. `key_ok` as for [`parse_get`].
+pub fn parse_meta_get(
+    buf: &[u8],
+    mut key_ok: impl FnMut(&[u8]) -> bool,
+) -> Result<Status, ReplyError> {
+    let mut pos = 0;
+    let mut hits = 0u32;
+    loop {
+        let Some(line) = first_line(&buf[pos..])? else {
+            return Ok(Status::Incomplete);
+        };
+        let after_line = pos + line.len() + 2;
+        if line == b"MN" {
+            return Ok(Status::Complete {
+                consumed: after_line,
+                hits,
+            });
+        }
+        let Some(rest) = line.strip_prefix(b"VA ") else {
+            return Err(unexpected(line));
+        };
+        let mut tokens = rest.split(|&b| b == b' ');
+        let bad = || ReplyError::Malformed(format!("bad VA line {:?}", show(line)));
+        let bytes = tokens.next().and_then(decimal).ok_or_else(bad)?;
+        let key = tokens
+            .next()
+            .and_then(|t| t.strip_prefix(b"k"))
+            .filter(|k| !k.is_empty())
+            .ok_or_else(bad)?;
+        if tokens.next().is_some() {
+            return Err(bad());
+        }
+        let bytes = usize::try_from(bytes)
+            .ok()
+            .filter(|&b| b <= MAX_VALUE)
+            .ok_or_else(bad)?;
+        if !key_ok(key) {
+            return Err(ReplyError::UnexpectedKey(show(key)));
+        }
+        let data_end = after_line + bytes;
+        if buf.len() < data_end + 2 {
+            return Ok(Status::Incomplete);
+        }
+        if &buf[data_end..data_end + 2] != b"\r\n" {
+            return Err(ReplyError::Malformed(format!(
+                "value of {bytes} bytes for key {:?} is not followed by CRLF",
+                show(key)
+            )));
+        }
+        hits += 1;
+        pos = data_end + 2;
+    }
+}
+
 /// Parses the reply to a `set`: exactly `STORED`.
 pub fn parse_stored(buf: &[u8]) -> Result<Status, ReplyError> {
     match first_line(buf)? {
@@ -276,6 +331,44 @@ mod tests {
         assert!(matches!(
             parse_get(&endless, any_key),
             Err(ReplyError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn meta_get_replies_list_hits_then_mn() {
+        let reply = b"VA 3 ka\r\nabc\r\nVA 0 kb\r\n\r\nMN\r\n";
+        let mut seen = Vec::new();
+        let status = parse_meta_get(reply, |k| {
+            seen.push(k.to_vec());
+            true
+        });
+        assert_eq!(
+            status,
+            Ok(Status::Complete {
+                consumed: reply.len(),
+                hits: 2
+            })
+        );
+        assert_eq!(seen, vec![b"a".to_vec(), b"b".to_vec()]);
+        for cut in 0..reply.len() {
+            assert_eq!(
+                parse_meta_get(&reply[..cut], any_key),
+                Ok(Status::Incomplete)
+            );
+        }
+        for bad in [
+            &b"EN\r\nMN\r\n"[..],
+            b"VA 3\r\nabc\r\nMN\r\n",
+            b"VA 3 ka\r\nabcd\r\nMN\r\n",
+        ] {
+            assert!(matches!(
+                parse_meta_get(bad, any_key),
+                Err(ReplyError::Malformed(_))
+            ));
+        }
+        assert!(matches!(
+            parse_meta_get(b"CLIENT_ERROR bad command line format\r\n", any_key),
+            Err(ReplyError::Server(_))
         ));
     }
 

@@ -183,7 +183,7 @@ fn parse_get<'a>(
     if count > limits.max_keys_per_get {
         return Err(recoverable(line_len, CE_TOO_MANY_KEYS));
     }
-    let keys = Keys::new(span);
+    let keys = Keys::counted(span, count);
     let req = if touch {
         Request::Gat {
             exptime,

@@ -37,6 +37,11 @@ pub const OUT_OF_MEMORY: &[u8] = b"SERVER_ERROR out of memory\r\n";
 /// Appends `n` in decimal.
 #[inline]
 pub fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+    if n < 10 {
+        // Flags are mostly 0 and small values have one-digit lengths: no buffer to copy.
+        out.push(b'0' + n as u8);
+        return;
+    }
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     loop {

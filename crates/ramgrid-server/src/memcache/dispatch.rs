@@ -30,12 +30,8 @@ pub enum Flow {
 
 /// A multi-key get stops composing its reply once this much is pending in `out`, so that the
 /// connection writes it out first: a get of many large values never holds more than this plus
-/// [`GET_CHUNK`] values in memory, and a client that stops reading stalls it there.
+/// one value in memory, and a client that stops reading stalls it there.
 pub const REPLY_HIGH_WATER: usize = 256 << 10;
-
-/// Keys a multi-key get looks up between checks of [`REPLY_HIGH_WATER`] (the store's prefetch
-/// group).
-const GET_CHUNK: usize = 16;
 
 /// The version we report. Clients only look at the `VERSION ` prefix.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "-ramgrid");
@@ -181,7 +177,8 @@ fn get(
 
 /// The VALUE lines of a multi-key get (with `touch`: gat) from key number `progress` on, then
 /// `END`; or, once the reply passes [`REPLY_HIGH_WATER`], only up to there ([`Flow::Partial`]).
-/// Returns the keys looked up and the hits among them.
+/// Returns the keys looked up and the hits among them. The keys go through the store's
+/// pipelined lookup in one call, which stops at the high-water mark.
 fn get_values(
     cache: &Cache,
     keys: &Keys<'_>,
@@ -190,24 +187,20 @@ fn get_values(
     out: &mut Vec<u8>,
     progress: &mut usize,
 ) -> (u64, u64, Flow) {
-    let mut rest = keys.iter().skip(*progress);
-    let (mut asked, mut hits) = (0usize, 0usize);
-    loop {
-        let mut taken = 0;
-        let chunk = rest.by_ref().take(GET_CHUNK).inspect(|_| taken += 1);
-        hits += cache.get_many(chunk, touch, |_, it| {
-            write_value(out, it.key, it.flags, it.value, with_cas.then_some(it.cas))
-        });
-        asked += taken;
-        if taken < GET_CHUNK {
-            out.extend_from_slice(reply::END);
-            return (asked as u64, hits as u64, Flow::Continue);
+    let mut hits = 0u64;
+    let asked = cache.get_each(keys.iter().skip(*progress), touch, |item| {
+        if let Some(it) = item {
+            write_value(out, it.key, it.flags, it.value, with_cas.then_some(it.cas));
+            hits += 1;
         }
-        if out.len() >= REPLY_HIGH_WATER {
-            *progress += asked;
-            return (asked as u64, hits as u64, Flow::Partial);
-        }
+        out.len() < REPLY_HIGH_WATER
+    });
+    *progress += asked;
+    if *progress < keys.len() {
+        return (asked as u64, hits, Flow::Partial);
     }
+    out.extend_from_slice(reply::END);
+    (asked as u64, hits, Flow::Continue)
 }
 
 fn set_mode(mode: StoreMode) -> SetMode {

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use ramgrid_proto::memcache::{parse_request, ParseError};
+use ramgrid_proto::memcache::{parse_request, ParseError, Request};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -31,6 +31,20 @@ use dispatch::Flow;
 /// Flush replies mid-batch once this much is pending, so a long pipeline does not pile up output
 /// (a single multi-key get stops at the same mark, see [`Flow::Partial`]).
 const OUT_HIGH_WATER: usize = dispatch::REPLY_HIGH_WATER;
+
+/// Most one-key lookups of a pipeline that are parsed ahead and prefetched together.
+const LOOKUP_RUN: usize = 16;
+
+/// The key of a request that looks up one key and answers with at most its value: meta `mg` of
+/// a plain (not base64) key, or a text `get`/`gets` of one key. A pipeline of them is prefetched
+/// together; prefetching only loads memory, so each still runs exactly as alone.
+fn single_lookup_key<'a>(req: &Request<'a>) -> Option<&'a [u8]> {
+    match req {
+        Request::MetaGet(meta) if !meta.key.base64 => Some(meta.key.raw),
+        Request::Get { keys, .. } if keys.len() == 1 => keys.iter().next(),
+        _ => None,
+    }
+}
 
 /// Serves a memcached-protocol connection until the client closes it, a fatal protocol error,
 /// `quit`, a write timeout, or server shutdown. `buf[..end]` holds the bytes already read.
@@ -91,6 +105,43 @@ pub(crate) async fn serve(
                         });
                         start = end;
                         break;
+                    }
+                    if single_lookup_key(&req).is_some() && start < end {
+                        // A pipeline of one-key lookups (meta `mg`, `get k`): take the rest of
+                        // the run that has arrived, prefetch all its keys at once, then run them
+                        // in order, so their cache misses overlap as a multi-key get's do.
+                        let mut run: [Option<Request<'_>>; LOOKUP_RUN] = Default::default();
+                        run[0] = Some(req);
+                        let mut n = 1;
+                        while n < LOOKUP_RUN {
+                            match parse_request(&buf[start..end], &limits) {
+                                Ok((next, used)) if single_lookup_key(&next).is_some() => {
+                                    start += used;
+                                    run[n] = Some(next);
+                                    n += 1;
+                                }
+                                // Anything else is parsed again, and handled, by the main loop.
+                                _ => break,
+                            }
+                        }
+                        let run = &run[..n];
+                        if n > 1 {
+                            shared
+                                .cache
+                                .prefetch(run.iter().flatten().filter_map(single_lookup_key));
+                        }
+                        for r in run.iter().flatten() {
+                            // One key: the reply is whole (Flow::Continue), at most one value.
+                            dispatch::execute(r, shared, stats, &mut out);
+                            if out.len() >= OUT_HIGH_WATER
+                                && flush(&mut sock, &mut out, stats, write_timeout, mem)
+                                    .await
+                                    .is_err()
+                            {
+                                return;
+                            }
+                        }
+                        continue;
                     }
                     let mut progress = 0;
                     loop {

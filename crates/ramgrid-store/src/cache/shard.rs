@@ -185,6 +185,27 @@ impl Item {
     }
 }
 
+/// `a == b`, without a `memcmp` call for keys of 8 to 32 bytes (the usual ones): two or four
+/// overlapping 8-byte words cover them.
+#[inline]
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let word = |s: &[u8], at: usize| u64::from_ne_bytes(s[at..at + 8].try_into().expect("8 bytes"));
+    match n {
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        17..=32 => {
+            word(a, 0) == word(b, 0)
+                && word(a, 8) == word(b, 8)
+                && word(a, n - 16) == word(b, n - 16)
+                && word(a, n - 8) == word(b, n - 8)
+        }
+        _ => a == b,
+    }
+}
+
 fn concat(key: &[u8], parts: &[&[u8]]) -> Box<[u8]> {
     let len = key.len() + parts.iter().map(|p| p.len()).sum::<usize>();
     let mut v = Vec::with_capacity(len);
@@ -273,7 +294,9 @@ impl ShardInner {
     pub(super) fn find(&self, hash: u64, key: &[u8]) -> Option<u32> {
         let slots = &self.slots;
         self.index.find(hash, |i| {
-            slots[i as usize].as_ref().is_some_and(|it| it.key() == key)
+            slots[i as usize]
+                .as_ref()
+                .is_some_and(|it| same_key(it.key(), key))
         })
     }
 
@@ -582,5 +605,30 @@ impl ShardInner {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_key;
+
+    #[test]
+    fn same_key_agrees_with_slice_equality() {
+        let base: Vec<u8> = (0..40u8).map(|i| b'a' + i % 26).collect();
+        for n in 0..=base.len() {
+            let a = &base[..n];
+            assert!(same_key(a, a), "len {n}");
+            // Any one byte changed, at every position, is a different key.
+            for at in 0..n {
+                let mut b = a.to_vec();
+                b[at] ^= 0x20;
+                assert!(!same_key(a, &b), "len {n}, byte {at}");
+            }
+            // A key one byte longer or shorter never equals it.
+            assert!(!same_key(a, &base[..(n + 1).min(base.len())]) || n == base.len());
+            if n > 0 {
+                assert!(!same_key(a, &base[..n - 1]));
+            }
+        }
     }
 }

@@ -949,3 +949,46 @@ fn peek_has_no_side_effects() {
         "the token was still free"
     );
 }
+
+#[test]
+fn get_each_answers_every_key_in_order_and_stops_when_told() {
+    let (c, _) = cache();
+    // Even keys exist; 100 keys in all run the pipeline's prologue, steady state and drain.
+    let keys: Vec<Vec<u8>> = (0..100).map(|i| format!("k{i:03}").into_bytes()).collect();
+    for k in keys.iter().step_by(2) {
+        set(&c, k, k);
+    }
+    let mut seen = Vec::new();
+    let n = c.get_each(keys.iter().map(Vec::as_slice), None, |it| {
+        seen.push(it.map(|it| it.value.to_vec()));
+        true
+    });
+    assert_eq!(n, 100);
+    let want: Vec<Option<Vec<u8>>> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (i % 2 == 0).then(|| k.clone()))
+        .collect();
+    assert_eq!(seen, want);
+
+    // Stopping after key 37 looks up nothing further: key 38 is not bumped, so not fetched.
+    let mut calls = 0;
+    let n = c.get_each(keys.iter().map(Vec::as_slice), None, |_| {
+        calls += 1;
+        calls < 38
+    });
+    assert_eq!((n, calls), (38, 38));
+    let fetched = |k: &[u8]| c.peek(k, |it| it.fetched).unwrap();
+    let (fresh, _) = cache();
+    for k in keys.iter().step_by(2) {
+        set(&fresh, k, k);
+    }
+    fresh.get_each(keys.iter().map(Vec::as_slice), None, |_| false);
+    assert!(fresh.peek(&keys[0], |it| it.fetched).unwrap());
+    assert!(!fresh.peek(&keys[2], |it| it.fetched).unwrap());
+    assert!(fetched(&keys[36]));
+    check(&c);
+
+    // No keys: nothing to call.
+    assert_eq!(c.get_each(std::iter::empty(), None, |_| unreachable!()), 0);
+}
