@@ -6,8 +6,9 @@
 A load is cut into tasks: byte ranges of plain text files (each range owns the lines that start inside it), one task
 per compressed file, one per Parquet row group. Tasks run on a local thread pool (the native calls and pyarrow's
 parser release the GIL) or, given a Dask client, on its workers; each parses its part and writes batches into one
-open version of the table. The version is sealed and made current only when every task succeeded: writes use
-ack="all", so a batch that returned reached every replica of its partitions. On any failure the version is dropped
+open version of the table, parsing its next piece on a helper thread while it writes the one before
+(docs/loading.md). The version is sealed and made current only when every task succeeded: writes use ack="all", so
+a batch that returned reached every replica of its partitions. On any failure the version is dropped
 and the previous one stays current; a table the load itself created is dropped again.
 
 A bad line stops the load with a `LoadError` (a ValueError) naming the file, line and reason, unless
