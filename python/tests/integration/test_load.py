@@ -273,3 +273,7 @@ def test_load_on_dask_workers(grid3: ramgrid.LocalGrid, table_name: str, tmp_pat
         assert (e.value.path, e.value.line) == (str(bad), 5001)
         assert t.current_version() == report.version
         assert t.get("u7") == 7
+        # Without chunk_bytes the tasks are sized to the workers' threads.
+        again = load_table(grid3, table_name, p, dask_client=client, progress=False)
+        assert (again.rows, again.tasks) == (30_000, 1)  # a small file: one task of at least 4 MiB
+        assert t.current_version() == again.version
