@@ -130,6 +130,7 @@ class ServerKeeper(NannyPlugin):
         self._starts = 0
         self._restarts: list[float] = []
         self._restarting = False
+        self._dashboard: str | None = None
         self._lock = asyncio.Lock()
         for h in _HANDLERS:
             nanny.handlers[f"ramgrid_{h}"] = getattr(self, f"_{h}")
@@ -166,6 +167,9 @@ class ServerKeeper(NannyPlugin):
         if join:
             args += ["--join", ",".join(join)]
         args += list(s["extra_args"])
+        if not any(a.split("=")[0] in ("--metrics", "--http") for a in s["extra_args"]):
+            # Its dashboard and metrics on the workers' address too (the token guards them off loopback).
+            args += ["--http", f"{listen.rsplit(':', 1)[0]}:0"]
         env = server_env(s["token"], parent_watch=True)
         self._starts += 1
         with contextlib.ExitStack() as files:
@@ -177,6 +181,7 @@ class ServerKeeper(NannyPlugin):
                 stop_processes([sp.proc], grace=2.0)
                 raise
         logger.info("ramgrid server %s started (pid %d) beside %s", sp.address, sp.pid, self._nanny.address)
+        self._dashboard = sp.dashboard_url()
         return sp
 
     async def _stop(self) -> None:
@@ -188,8 +193,8 @@ class ServerKeeper(NannyPlugin):
     def _info(self) -> dict[str, Any]:
         sp = self._server
         if sp is None:
-            return {"address": None, "pid": None, "alive": False}
-        return {"address": sp.address, "pid": sp.pid, "alive": sp.proc.poll() is None}
+            return {"address": None, "pid": None, "alive": False, "dashboard": None}
+        return {"address": sp.address, "pid": sp.pid, "alive": sp.proc.poll() is None, "dashboard": self._dashboard}
 
     def _config(self, seeds: list[str]) -> GridConfig:
         return GridConfig(servers=tuple(seeds), token=self._launch["token"])
@@ -235,7 +240,9 @@ class ServerKeeper(NannyPlugin):
                 join = [a for a in self._seeds if a != sp.address]
                 self._server = new = await asyncio.to_thread(self._start, str(sp.address), join)
             # The coordinator adds it back if the group failed it over while it was down.
-            await self._nanny.scheduler.ramgrid_server_restarted(nanny=self._nanny.address, pid=new.pid)
+            await self._nanny.scheduler.ramgrid_server_restarted(
+                nanny=self._nanny.address, pid=new.pid, dashboard=self._dashboard
+            )
         except Exception:
             logger.exception("restarting the ramgrid server beside %s failed", self._nanny.address)
         finally:

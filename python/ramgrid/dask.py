@@ -44,8 +44,10 @@ import contextlib
 import logging
 import os
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from ramgrid._clients import GridConfig, _existing_client
 from ramgrid.engines import DASK_COORDINATOR
@@ -80,9 +82,20 @@ class DaskGrid(Grid):
     """The `Grid` of a Dask cluster's servers. Tables it creates get the `replication` given to `start()` unless told
     otherwise (at most one replica per server: a one-host cluster makes replication-1 tables)."""
 
-    def __init__(self, config: GridConfig, replication: int = 1) -> None:
+    def __init__(self, config: GridConfig, replication: int = 1, dashboards: Sequence[str] = ()) -> None:
         super().__init__(config)
         self.replication = int(replication)
+        self.dashboards = tuple(dashboards)
+
+    @property
+    def dashboard_url(self) -> str | None:
+        """The live dashboard (docs/dashboard.md) of the first server, with the grid's token in the URL fragment
+        (browsers do not send it; the page's login script reads it). Every server's page shows the whole cluster;
+        `dashboards` lists them all (without the token). None if no server reported one."""
+        if not self.dashboards:
+            return None
+        token = self.config.token
+        return self.dashboards[0] + (f"#token={quote(token, safe='')}" if token else "")
 
     def create_table(
         self, name: str, partitions: int = 64, replication: int | None = None, *args: Any, **kwargs: Any
@@ -93,7 +106,7 @@ class DaskGrid(Grid):
 
     def __reduce__(self) -> Any:
         _, (config,) = super().__reduce__()
-        return (DaskGrid, (config, self.replication))
+        return (DaskGrid, (config, self.replication, self.dashboards))
 
     def __repr__(self) -> str:
         return f"DaskGrid({self.servers!r}, replication={self.replication})"
@@ -107,6 +120,7 @@ class _Member:
     host: str
     address: str
     pid: int
+    dashboard: str | None = None
 
 
 @dataclass(frozen=True)
@@ -181,8 +195,13 @@ class _Coordinator(SchedulerPlugin):
     def config(self) -> dict[str, Any]:
         """The grid's seeds (its members in spec order), token and table replication."""
         order = {a: i for i, a in enumerate(self.spec)}
-        seeds = sorted((m.address for m in self.members.values()), key=lambda a: (order.get(a, len(order)), a))
-        return {"servers": seeds, "token": self.settings.token, "replication": self.settings.replication}
+        members = sorted(self.members.values(), key=lambda m: (order.get(m.address, len(order)), m.address))
+        return {
+            "servers": [m.address for m in members],
+            "token": self.settings.token,
+            "replication": self.settings.replication,
+            "dashboards": [m.dashboard for m in members if m.dashboard],
+        }
 
     def owners(self) -> dict[str, str]:
         """Server address -> the address of the worker beside it (its nanny's worker)."""
@@ -301,7 +320,9 @@ class _Coordinator(SchedulerPlugin):
         )
         if not isinstance(info, dict):  # the nanny answers an unknown request with nothing: it is closing
             raise RamgridError(f"the nanny {nanny} runs no ramgrid plugin (closing?)")
-        return _Member(nanny=nanny, host=host, address=str(info["address"]), pid=int(info["pid"]))
+        return _Member(
+            nanny=nanny, host=host, address=str(info["address"]), pid=int(info["pid"]), dashboard=info.get("dashboard")
+        )
 
     async def _form(self, missing: list[tuple[str, str, Any]]) -> None:
         """The first servers: started at once, then made one group (the spec pushed to all, as `ramgrid.local`)."""
@@ -335,11 +356,12 @@ class _Coordinator(SchedulerPlugin):
                 report.get("partitions_copied", 0),
             )
 
-    async def _server_restarted(self, nanny: str, pid: int) -> None:
+    async def _server_restarted(self, nanny: str, pid: int, dashboard: str | None = None) -> None:
         """A nanny restarted its server: make sure it is a member again (the group may have failed it over)."""
         m = self.members.get(nanny)
         if m is not None:
             m.pid = int(pid)
+            m.dashboard = dashboard
         self._rejoin.add(nanny)
         self._poke()
 
@@ -581,7 +603,11 @@ def stop(client: Any) -> None:
 def _grid(config: dict[str, Any]) -> DaskGrid:
     if not config["servers"]:
         raise RamgridError("the cluster's ramgrid grid has no running server")
-    return DaskGrid(GridConfig(servers=tuple(config["servers"]), token=config["token"]), config["replication"])
+    return DaskGrid(
+        GridConfig(servers=tuple(config["servers"]), token=config["token"]),
+        config["replication"],
+        config.get("dashboards", ()),
+    )
 
 
 # Per worker process: the grid of each scheduler's cluster, as last fetched.

@@ -4,11 +4,15 @@ the cluster leaves no server process, socket or shared-memory file behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -86,6 +90,16 @@ def dev_shm() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
+def dashboard_json(url: str, token: str | None) -> tuple[int, Any]:
+    """(HTTP status, parsed JSON or None) of a dashboard API request, with `token` as its Bearer header."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, None
+
+
 # Tasks (run on the workers; they take no grid handle).
 
 
@@ -125,6 +139,14 @@ def test_servers_follow_the_workers_and_leave_nothing_behind() -> None:
         assert float(t.get_many(keys).sum()) == expected
         for w in client.scheduler_info()["workers"]:  # every worker has its server on its host
             assert client.submit(local_task, workers=[w], pure=False).result()
+
+        # Each server's dashboard shows the whole grid, behind the grid's token (in the URL's fragment).
+        url = ramgrid.dask.get_grid(client).dashboard_url
+        assert url is not None and "#token=" in url
+        base, token = url.split("#token=")
+        assert dashboard_json(base + "api/cluster", None)[0] == 401
+        code, status = dashboard_json(base + "api/cluster", urllib.parse.unquote(token))
+        assert code == 200 and sorted(m["addr"] for m in status["members"]) == sorted(seen)
 
         # Workers added by scale() get servers that join (one at a time) and take partitions.
         c.scale(4)
