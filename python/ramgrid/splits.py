@@ -210,11 +210,12 @@ def iter_stream(path: str, block: int) -> Iterator[tuple[bytes, int]]:
         yield held[0], size
 
 
-def lines_before(path: str, offset: int) -> int:
-    """Lines that end before byte `offset` of a plain file (only needed to name a line in a message)."""
+def lines_between(path: str, start: int, end: int) -> int:
+    """Line ends in bytes [start, end) of a plain file (only needed to name a line in a message)."""
     n = 0
     with open(path, "rb") as f:
-        left = offset
+        f.seek(start)
+        left = end - start
         while left > 0:
             data = f.read(min(left, 8 << 20))
             if not data:

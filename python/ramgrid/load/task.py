@@ -75,7 +75,7 @@ class _TaskRun:
     def lines_before(self, offset: int) -> int:
         """Lines of the (plain) file that end before byte `offset`; counts on from the last offset asked for."""
         at, lines = self._lines_at if offset >= self._lines_at[0] else (0, 0)
-        lines += _count_lines(self.task.path, at, offset)
+        lines += splits.lines_between(self.task.path, at, offset)
         self._lines_at = (offset, lines)
         return lines
 
@@ -133,20 +133,6 @@ def _is_fatal(reason: str) -> bool:
     """Only refusals caused by the row itself are bad lines; anything else (no memory, a replica short of the
     acknowledgement level, a server error) fails the load as a grid error."""
     return not reason.startswith(_ROW_REFUSALS)
-
-
-def _count_lines(path: str, start: int, end: int) -> int:
-    n = 0
-    with open(path, "rb") as f:
-        f.seek(start)
-        left = end - start
-        while left > 0:
-            data = f.read(min(left, 8 << 20))
-            if not data:
-                break
-            n += data.count(b"\n")
-            left -= len(data)
-    return n
 
 
 _END: Any = object()
