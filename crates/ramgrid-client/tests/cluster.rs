@@ -234,7 +234,10 @@ fn near_cache_serves_pinned_sealed_versions() {
 
 #[test]
 fn sigkill_mid_run_replicated_reads_everything_unreplicated_names_partitions() {
-    let mut cluster = Cluster::start(4);
+    // What a client sees before any fail-over: the metadata group would fail the victim over
+    // after --failure-timeout-ms (5 s), and a write waiting for that would then succeed, so the
+    // timeout is set beyond the test.
+    let mut cluster = Cluster::start_with(4, &["--failure-timeout-ms", "600000"]);
     let c = cluster.client();
     let parts = 32;
     c.create_table("rep", parts, 2, ValueType::I64).unwrap();
@@ -302,7 +305,7 @@ fn sigkill_mid_run_replicated_reads_everything_unreplicated_names_partitions() {
     }
 
     // Replicated writes: the partitions whose primary is the victim are named; those with a
-    // backup there cannot be completed (no metadata group here fails it over); the rest are stored.
+    // backup there cannot be completed (nothing fails the victim over here); the rest are stored.
     let bumped: Vec<i64> = keys.iter().map(|k| k + 7).collect();
     let err = c
         .put("rep", Keys::I64(&keys), ValuesRef::I64(&bumped), 0)
@@ -314,7 +317,7 @@ fn sigkill_mid_run_replicated_reads_everything_unreplicated_names_partitions() {
             let want: Vec<u32> = (0..parts)
                 .filter(|&p| map2.primary(p) == Some(victim as u32))
                 .collect();
-            assert_eq!(partitions, want);
+            assert_eq!(partitions, want, "{detail}");
             assert!(detail.contains("not written"), "{detail}");
         }
         other => panic!("expected PartitionsUnavailable, got {other:?}"),
