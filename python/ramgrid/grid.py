@@ -107,14 +107,15 @@ class Grid:
         self,
         name: str,
         partitions: int = 64,
-        replication: int = 1,
+        replication: int | None = None,
         value_type: ValueType = "bytes",
         *,
         dim: int = 0,
         exist_ok: bool = False,
         durability: str = "memory",
     ) -> Table:
-        """Creates a table and returns its handle.
+        """Creates a table and returns its handle. `replication`: copies of each partition (None: the grid's default,
+        1; a `ramgrid.dask` grid's is the one given to `start`).
 
         `value_type`: "bytes", "i64", "f64", or ("f32vec", dim) for fixed-length float32 vectors. The new table has
         an open version 1 that is current, so plain `put_many` writes to it; use `Table.new_version()` to load later
@@ -125,6 +126,8 @@ class Grid:
         again under the same name is a different table to every client.
         """
         vt, d = parse_value_type(value_type, dim)
+        if replication is None:
+            replication = 1
         if partitions < 1 or replication < 1:
             raise ValueError("partitions and replication must be >= 1")
         client = self._client()

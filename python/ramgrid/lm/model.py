@@ -189,13 +189,14 @@ def load_into_grid(
     table: str = "unigram_lm",
     *,
     partitions: int = 64,
-    replication: int = 1,
+    replication: int | None = None,
 ) -> int:
     """Writes the model into a new version of `table` (created as f64 if missing) from the Dask workers, in parallel,
     and makes it current; returns the version. On any failure the new version is dropped and never seen."""
     from ramgrid.exceptions import TableExists
 
     try:
+        # None: the grid's default (1, or what `ramgrid.dask.start(replication=)` gave its grid).
         t = grid.create_table(table, partitions=partitions, replication=replication, value_type="f64")
     except TableExists:
         t = grid.table(table)

@@ -87,7 +87,7 @@ def load_table(
     delimiter: str | None = None,
     header: bool = False,
     partitions: int = 64,
-    replication: int = 1,
+    replication: int | None = None,
     create: bool = True,
     dask_client: Any = None,
     workers: int | None = None,
@@ -105,8 +105,8 @@ def load_table(
     infers it from the first rows. `key_type`: "str" (keys are the field's bytes) or "int" (int64 keys); None means
     "str" for text and the column's type for Parquet. `key_column` / `value_column`: field indices for text, column
     names or indices for Parquet (default: the first two). `header`: skip each text file's first line.
-    `partitions` / `replication`: for a table the load creates (`create=True`; with create=False the table must
-    exist). `dask_client`: run the tasks on its workers; else on `workers` local threads. `chunk_bytes`: text byte
+    `partitions` / `replication` (None: the grid's default): for a table the load creates (`create=True`; with
+    create=False the table must exist). `dask_client`: run the tasks on its workers; else on `workers` local threads. `chunk_bytes`: text byte
     range per task (default: the plain text cut into about four tasks per worker, 4-64 MiB each; a compressed file
     is one task, a Parquet row group one); `batch_rows`: rows per write. `skip_bad_lines`: skip and count bad lines
     instead of failing. `progress`: a progress bar on stderr.
@@ -165,6 +165,7 @@ def load_table(
 
     created = False
     if existing is None:
+        # None: the grid's default (1, or what `ramgrid.dask.start(replication=)` gave its grid).
         grid.create_table(name, partitions=partitions, replication=replication, value_type=value_type)
         created = True
     # Writes of a load must reach every replica before the version may become current.
