@@ -9,7 +9,8 @@
 #
 # Needs perf, and the release binaries (cargo build --release -p ramgrid-server -p ramgrid-bench).
 # Environment: KEYS (default 1000000), SECONDS_PROFILED (default 5), THREADS (server, default 2),
-# CARGO_TARGET (default target/release).
+# CARGO_TARGET (default target/release), SERVER (the ramgrid-server to profile; default the one
+# in CARGO_TARGET: another build, for a before/after with the same load generator).
 set -euo pipefail
 
 out=${1:?usage: lookup_profile.sh OUT.txt [workload flags]}
@@ -35,7 +36,9 @@ trap cleanup EXIT
 CLASSIFY='
 import re, sys
 groups = [
-    ("cache lookup: get_many (prefetch passes, shard locks, inlined lookup)", r"Cache::get_many|lookup_hashed|Cache::get_with|Cache::lookup"),
+    ("cache lookup: prefetch stages, shard locks, inlined lookup (get_each, get_values, prefetch_*)",
+     r"Cache::get_many|Cache::get_each|Cache::prefetch|lookup_hashed|Cache::get_with|Cache::lookup|dispatch::get_values"),
+    ("meta mg execution (flags, inlined lookup and reply)", r"meta::meta_get|write_mg_hit"),
     ("probe and key compare (index find, memcmp)", r"ShardInner::find|memcmp|index::|Index::|bcmp"),
     ("hashing", r"hash_one|foldhash|Hasher"),
     ("request parsing", r"memchr|parse|Tokens|meta_flags|MetaFlags"),
@@ -63,7 +66,8 @@ print(f"  {other:6.2f}%  everything else (tokio runtime, connection loop, libc, 
 # perf's report without its comment lines, blank lines and the padding of empty columns.
 tidy() { grep -v '^#' | grep -v '^$' | sed -e 's/[ -]*$//'; }
 
-"$bin/ramgrid-server" --listen 127.0.0.1:0 --threads "$threads" --memory 1024MiB \
+server=${SERVER:-$bin/ramgrid-server}
+"$server" --listen 127.0.0.1:0 --threads "$threads" --memory 1024MiB \
     >"$work/server.out" 2>"$work/server.err" &
 server_pid=$!
 for _ in $(seq 100); do
@@ -87,6 +91,7 @@ bench_pid=""
 {
     echo "# ramgrid-server CPU profile under: ramgrid-bench ${flags[*]}"
     echo "# command: bash benchmarks/lookup_profile.sh $out ${flags[*]}"
+    echo "# server: $server${SERVER:+ (SERVER=$SERVER)}"
     echo "# $(date -u +%FT%TZ); commit $(git rev-parse --short HEAD); $(nproc) CPUs; server --threads $threads;" \
         "$keys keys x 14 B, 8 B values, 50 connections"
     echo "# perf record -F 1999 --call-graph dwarf,16384 -p SERVER -- sleep $secs"

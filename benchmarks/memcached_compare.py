@@ -41,9 +41,13 @@ ROWS = [
     # The meta protocol's multi-get: `mg <key> v k q` per key, then `mn`, in one write.
     ("meta-multiget-10", "meta multi-get, 10 keys", ["--workload", "meta-multiget", "--keys-per-get", "10"]),
     ("meta-multiget-100", "meta multi-get, 100 keys", ["--workload", "meta-multiget", "--keys-per-get", "100"]),
+    # ramgrid's native protocol (no memcached peer): int64 keys of an f64 table, via the Rust cluster client.
+    ("native-get-100", "native get, 100 keys (rg only)", ["--workload", "native-get", "--keys-per-get", "100"]),
     ("set", "set, 1 key", ["--workload", "set"]),
 ]
 SERVERS = ("memcached", "ramgrid")
+# Rows only ramgrid can run (its native protocol); memcached's columns stay empty for them.
+RAMGRID_ONLY = {"native-get-100"}
 START_TIMEOUT_S = 15.0
 
 
@@ -329,6 +333,11 @@ def report(a: argparse.Namespace, runs: dict, loads: dict, header: list[str]) ->
     )
     lines.append("p99: of the round trip of one batch (one request, 16 pipelined gets, or one multi-get).")
     lines.append("ns/key: server CPU (user+system, from /proc) per key over the measured window.")
+    if any(r[0] in RAMGRID_ONLY for r in a.rows):
+        lines.append(
+            "native get: one client thread per connection, each with its own ramgrid client; the table "
+            "(64 partitions) is loaded by the run itself, keys drawn uniformly from it."
+        )
     lines.append(f"Figures are medians over {a.rounds} interleaved round(s); client and servers share this machine.")
     return "\n".join(lines)
 
@@ -393,6 +402,8 @@ def main() -> int:
             order = a.servers if rnd % 2 == 0 else list(reversed(a.servers))
             for row_id, _, flags in a.rows:
                 for name in order:
+                    if name != "ramgrid" and row_id in RAMGRID_ONLY:
+                        continue
                     child, addr = servers[name]
                     if child.poll() is not None:
                         raise RuntimeError(f"{name} exited with status {child.returncode}")

@@ -8,6 +8,7 @@
 
 mod driver;
 mod keys;
+mod native;
 mod procstat;
 mod reply;
 
@@ -30,6 +31,10 @@ enum Workload {
     GetPipelined,
     /// One `get` of `--keys-per-get` keys per round trip.
     Multiget,
+    /// A native-protocol get of `--keys-per-get` int64 keys per round trip, through the cluster
+    /// client, one per client thread (`--connections` threads); ramgrid only. Loads its own table
+    /// of `--key-count` keys first.
+    NativeGet,
     /// A meta-protocol multi-get per round trip: `mg <key> v k q` for each of `--keys-per-get`
     /// keys, then `mn` (memcached's pipelined form of a multi-key get).
     MetaMultiget,
@@ -46,6 +51,7 @@ impl Workload {
             Workload::GetPipelined => "get-pipelined",
             Workload::Multiget => "multiget",
             Workload::MetaMultiget => "meta-multiget",
+            Workload::NativeGet => "native-get",
             Workload::Set => "set",
             Workload::Load => "load",
         }
@@ -194,6 +200,7 @@ fn run(args: &Args) -> Result<Report> {
             requests: 1,
             keys_per_request: args.keys_per_get,
         },
+        Workload::NativeGet => return run_native(args, warmup, duration),
         Workload::MetaMultiget => Shape {
             op: Op::MetaGet,
             requests: 1,
@@ -319,6 +326,44 @@ fn run(args: &Args) -> Result<Report> {
         tally,
         server_cpu_s: cpu_after.server.zip(cpu_before.server).map(|(a, b)| a - b),
         client_cpu_s: cpu_after.client - cpu_before.client,
+    })
+}
+
+/// The `native-get` workload (see `native.rs`): loads its table, then measures like the others.
+fn run_native(args: &Args, warmup: Duration, duration: Option<Duration>) -> Result<Report> {
+    ensure!(
+        args.requests.is_none(),
+        "--requests is not supported by native-get; give --duration"
+    );
+    let duration = duration.unwrap_or(Duration::from_secs(5));
+    native::load(&args.server, args.key_count)?;
+    let measure_from = Instant::now() + warmup;
+    let plan = native::Plan {
+        server: &args.server,
+        key_count: args.key_count,
+        keys_per_get: args.keys_per_get,
+        threads: args.connections,
+        seed: args.seed,
+        measure_from,
+        stop_at: measure_from + duration,
+    };
+    let sleep_until = |t: Instant| thread::sleep(t.saturating_duration_since(Instant::now()));
+    let (tally, (before, after)) = native::run(&plan, || {
+        sleep_until(plan.measure_from);
+        let before = sample_cpu(args.server_pid);
+        sleep_until(plan.stop_at);
+        (before, sample_cpu(args.server_pid))
+    })?;
+    let (before, after) = (before?, after?);
+    ensure!(
+        tally.requests > 0,
+        "no request completed in the measured window"
+    );
+    Ok(Report {
+        window_s: duration.as_secs_f64(),
+        tally,
+        server_cpu_s: after.server.zip(before.server).map(|(a, b)| a - b),
+        client_cpu_s: after.client - before.client,
     })
 }
 
