@@ -40,6 +40,8 @@ groups = [
      r"Cache::get_many|Cache::get_each|Cache::prefetch|lookup_hashed|Cache::get_with|Cache::lookup|dispatch::get_values"),
     ("meta mg execution (flags, inlined lookup and reply)", r"meta::meta_get|write_mg_hit"),
     ("probe and key compare (index find, memcmp)", r"ShardInner::find|memcmp|index::|Index::|bcmp"),
+    ("native: table lookup (partition get_packed, table and version lookup)", r"tables::|partition::"),
+    ("native: frame decoding and key-group iteration", r"native::data::|KeyGroupIter|KeyBatch|FlatMap|native::wire"),
     ("hashing", r"hash_one|foldhash|Hasher"),
     ("request parsing", r"memchr|parse|Tokens|meta_flags|MetaFlags"),
     ("reply composition (copy, number formatting)", r"push_u64|memmove|memcpy|write_value|write_meta|GetReplyWriter|fill_packed"),

@@ -12,9 +12,10 @@
 //! heap allocation and one uncontended lock per get. An operation never waits for a lock while
 //! holding another one (not even `try_lock` is needed), so there is no lock order to get wrong.
 //!
-//! A multi-key get ([`Cache::get_many`]) overlaps the cache misses of its keys by prefetching
-//! each key's bucket, then slot, then item for a group of keys before looking any of them up; this
-//! is why the index is not `hashbrown`, which offers no way to prefetch a bucket.
+//! A multi-key get ([`Cache::get_each`]) overlaps the cache misses of its keys by prefetching
+//! each key's bucket, then slot, then item, a few keys ahead of its lookup (a software pipeline);
+//! [`Cache::prefetch`] does the same for a pipeline of one-key requests. This is why the index is
+//! not `hashbrown`, which offers no way to prefetch a bucket.
 //!
 //! # Items and memory accounting
 //!
