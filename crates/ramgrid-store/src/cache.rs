@@ -420,7 +420,7 @@ impl Cache {
     /// Same result as one call per key, but much faster when the keys are not in the CPU cache:
     /// a single lookup is three dependent cache misses (index bucket, slab slot, key and value),
     /// each ~100-200 ns on a virtual machine. Here each key goes through a software pipeline of
-    /// four stages, [`STAGE_DISTANCE`] keys apart: start loading its bucket (from the shard's
+    /// four stages, 8 keys apart (`STAGE_DISTANCE`): start loading its bucket (from the shard's
     /// bucket hint, with no lock); read the bucket and start loading the slot; read the slot and
     /// start loading the item; look it up. While key `t` is looked up, the lines of the next
     /// keys are on their way, and only the first keys of a call wait for a whole miss. The middle
@@ -492,7 +492,7 @@ impl Cache {
     /// Starts loading what the lookups of `keys` will read (index bucket, slab slot, key and
     /// value), so that lookups of them that follow at once (one request per key, such as a
     /// pipeline of meta `mg` commands) find their lines in the CPU cache or on the way. Takes
-    /// the keys in groups of [`PREFETCH_GROUP`], each group's loads overlapping: the stages of
+    /// the keys in groups of 16 (`PREFETCH_GROUP`), each group's loads overlapping: the stages of
     /// [`Cache::get_each`] without the lookup. Changes nothing and returns nothing: any key may
     /// change before it is looked up.
     pub fn prefetch<'k>(&self, keys: impl IntoIterator<Item = &'k [u8]>) {
