@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Profiles ramgrid-server under a multi-get load (perf record with DWARF call graphs) and writes a
 # summary of where its CPU goes: the flat top of `perf report` (self time per symbol) and the
-# callers' tree of the hottest paths. The raw perf.data is left in a temporary directory.
+# callers' tree of the hottest paths. The raw perf.data (~250 MB) is deleted unless KEEP_PERF_DATA=1.
 #
 #   bash benchmarks/lookup_profile.sh OUT.txt [ramgrid-bench workload flags...]
 #   bash benchmarks/lookup_profile.sh benchmarks/results/lookup_profile_after.txt \
@@ -30,6 +30,7 @@ cleanup() {
     [ -n "$bench_pid" ] && kill "$bench_pid" 2>/dev/null || true
     [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null || true
     wait 2>/dev/null || true
+    [ -n "${KEEP_PERF_DATA:-}" ] || rm -rf "$work"
 }
 trap cleanup EXIT
 # Groups `perf report --sort symbol` lines ("  12.34%  [.] name") into what the lookup path spends.
@@ -119,4 +120,4 @@ bench_pid=""
     perf report -i "$work/perf.data" --stdio --children --sort symbol -g none --percent-limit 2 \
         2>/dev/null | tidy | grep -v ' (inlined)$' | head -40
 } >"$out"
-echo "wrote $out (perf.data in $work)" >&2
+echo "wrote $out${KEEP_PERF_DATA:+ (perf.data in $work)}" >&2
