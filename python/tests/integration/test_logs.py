@@ -97,8 +97,10 @@ def test_the_server_logs_each_event_as_one_json_line(start_server: Callable[...,
             assert refused >= len(extra) - len(held), refused
             limits = _wait_for(server, "connections refused: --max-conns reached")
             assert limits and limits[0]["fields"]["max_conns"] == 4
-            # Twenty refusals within a second or two give a line or a few, not twenty.
-            assert len(limits) <= 3 and limits[0]["fields"]["refused"] >= 1
+            # Throttled: at most a line a second, each with its count, so fewer lines than refusals. (Not "within a
+            # second or two": one CI run on a loaded machine logged 11 lines for these refusals; a timing bound.)
+            assert len(limits) < refused and limits[0]["fields"]["refused"] >= 1, (len(limits), refused)
+            assert sum(e["fields"]["refused"] for e in limits) <= len(extra) + len(held), limits
         finally:
             for c in held + extra:
                 c.close()
