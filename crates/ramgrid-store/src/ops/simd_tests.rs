@@ -12,21 +12,8 @@ use crate::tables::{PartitionView, ValueRef, ValueType};
 
 /// Runs `f` over a one-partition f64 table holding `xs`.
 fn with_view<R>(xs: &[f64], f: impl FnOnce(&PartitionView<'_>) -> R) -> R {
-    let t = super::tests::new_table(ValueType::F64);
-    let keys: Vec<Vec<u8>> = (0..xs.len())
-        .map(|i| format!("k{i:05}").into_bytes())
-        .collect();
-    let mut st = Vec::new();
-    t.put_batch(
-        "t",
-        0,
-        0,
-        keys.iter()
-            .map(|k| k.as_slice())
-            .zip(xs.iter().map(|&x| ValueRef::F64(x))),
-        &mut st,
-    )
-    .unwrap();
+    let values: Vec<ValueRef<'_>> = xs.iter().map(|&x| ValueRef::F64(x)).collect();
+    let t = super::tests::table(ValueType::F64, &values);
     t.with_partition("t", 0, 0, |v| f(&v)).unwrap()
 }
 

@@ -26,7 +26,8 @@ pub(super) fn new_table(vt: ValueType) -> Tables {
     t
 }
 
-fn table(vt: ValueType, values: &[ValueRef<'_>]) -> Tables {
+/// A one-partition table "t" of type `vt` holding `values` (keys `k0`, `k1`, ...; also the SIMD tests').
+pub(super) fn table(vt: ValueType, values: &[ValueRef<'_>]) -> Tables {
     let t = new_table(vt);
     let keys: Vec<Vec<u8>> = (0..values.len())
         .map(|i| format!("k{i}").into_bytes())
