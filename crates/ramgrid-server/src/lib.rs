@@ -13,6 +13,7 @@ pub mod conn;
 mod convert;
 pub mod dashboard;
 pub mod export;
+pub mod http;
 pub mod io;
 pub mod ledger;
 pub mod log;

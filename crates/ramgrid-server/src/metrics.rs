@@ -1,5 +1,6 @@
 //! Metrics: the native protocol's counters (server-wide and per table), and their Prometheus text
-//! exposition, served over HTTP by `--metrics ADDR` and returned by the native METRICS opcode.
+//! exposition, served over HTTP by `--metrics ADDR` (the listener is `http.rs`) and returned by the
+//! native METRICS opcode.
 //!
 //! Invariants relied on:
 //! 1. Every counter here lives in a [`WorkerStats`] and is written only by that worker's thread
@@ -9,22 +10,19 @@
 //!    counted yet (each connection keeps the counters of the last table it used).
 //! 2. Counting happens once per native frame, never per key: a GET's hits are counted from the
 //!    status bytes the store wrote for the reply.
-//! 3. The HTTP endpoint runs on a thread of its own, so a slow scraper never delays a worker. It
-//!    reads one request of at most [`MAX_REQUEST`] bytes within [`READ_TIMEOUT`], answers, closes.
+//! 3. The HTTP endpoint runs on a thread of its own (`http.rs`), so a slow scraper never delays a
+//!    worker.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use ramgrid_proto::native::{Request, Status};
 use ramgrid_store::tables::KeyStatus;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::watch;
 
 use crate::node::Node;
 use crate::stats::{Shared, WorkerStats};
@@ -39,10 +37,6 @@ const STATUS_SLOTS: usize = 32;
 /// A worker counts at most this many table names; refusals naming further tables (which need
 /// not exist) are counted server-wide only, so a client cannot grow the map without bound.
 const MAX_TABLES_PER_WORKER: usize = 4096;
-/// The longest HTTP request the endpoint reads (request line and headers).
-pub const MAX_REQUEST: usize = 8 << 10;
-/// How long the endpoint waits for a whole request, and for its answer to be taken.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The data operations counted, in the order of the per-op arrays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -657,191 +651,9 @@ pub fn render(shared: &Shared, node: &Node) -> String {
     out.0
 }
 
-// --- HTTP ---------------------------------------------------------------------------------------
-
-/// Serves `GET /metrics` on `listener` from a thread of its own until `stop` turns true.
-pub fn spawn(
-    listener: std::net::TcpListener,
-    shared: Arc<Shared>,
-    node: Arc<Node>,
-    mut stop: watch::Receiver<bool>,
-) -> std::io::Result<JoinHandle<()>> {
-    listener.set_nonblocking(true)?;
-    // The same listener serves the dashboard (docs/dashboard.md), whose sampler runs here too.
-    let dash =
-        crate::dashboard::Dashboard::new(node.clone(), shared.clone(), listener.local_addr()?);
-    std::thread::Builder::new()
-        .name("ramgrid-metrics".into())
-        .spawn(move || {
-            let Some(rt) = crate::server::thread_runtime("metrics") else {
-                return;
-            };
-            rt.block_on(async move {
-                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
-                    return;
-                };
-                tokio::spawn(dash.clone().run(stop.clone()));
-                loop {
-                    tokio::select! {
-                        r = listener.accept() => {
-                            let Ok((sock, _)) = r else { continue };
-                            let (shared, node, dash) = (shared.clone(), node.clone(), dash.clone());
-                            tokio::spawn(async move {
-                                let _ = tokio::time::timeout(READ_TIMEOUT * 2, async {
-                                    // With --tls-cert this listener speaks HTTPS, with the data
-                                    // port's certificate and client-certificate rule.
-                                    match node.tls.clone() {
-                                        None => serve_http(sock, &shared, &node, &dash).await,
-                                        Some(tls) => {
-                                            if let Ok(s) = tls.acceptor.accept(sock).await {
-                                                serve_http(s, &shared, &node, &dash).await;
-                                            }
-                                        }
-                                    }
-                                })
-                                .await;
-                            });
-                        }
-                        _ = stop.changed() => break,
-                    }
-                }
-            });
-        })
-}
-
-/// What an HTTP request asks for, from its head (request line and headers).
-#[derive(Debug, PartialEq, Eq)]
-enum Route {
-    Metrics { head_only: bool },
-    NotFound,
-    BadMethod,
-    Bad,
-}
-
-fn route(head: &[u8]) -> Route {
-    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let mut parts = line.split(|&b| b == b' ');
-    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
-    else {
-        return Route::Bad;
-    };
-    if !version.starts_with(b"HTTP/1.") || parts.next().is_some() {
-        return Route::Bad;
-    }
-    let path = target.split(|&b| b == b'?').next().unwrap_or_default();
-    match method {
-        b"GET" | b"HEAD" if path == b"/metrics" => Route::Metrics {
-            head_only: method == b"HEAD",
-        },
-        b"GET" | b"HEAD" => Route::NotFound,
-        _ => Route::BadMethod,
-    }
-}
-
-async fn serve_http(
-    mut sock: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    shared: &Shared,
-    node: &Node,
-    dash: &Arc<crate::dashboard::Dashboard>,
-) {
-    let mut buf = vec![0u8; MAX_REQUEST];
-    let mut n = 0;
-    let complete = tokio::time::timeout(READ_TIMEOUT, async {
-        loop {
-            match sock.read(&mut buf[n..]).await {
-                Ok(0) | Err(_) => return false,
-                Ok(k) => n += k,
-            }
-            let head = &buf[..n];
-            if head.windows(4).any(|w| w == b"\r\n\r\n") || head.windows(2).any(|w| w == b"\n\n") {
-                return true;
-            }
-            if n == buf.len() {
-                return false;
-            }
-        }
-    })
-    .await;
-    let (code, body, head_only) = match complete {
-        Ok(true) => match route(&buf[..n]) {
-            Route::Metrics { head_only } => {
-                let head = String::from_utf8_lossy(&buf[..n]);
-                let presented = crate::dashboard::http::bearer(&head);
-                if metrics_allowed(node.token.as_deref(), presented, dash.bind) {
-                    ("200 OK", render(shared, node), head_only)
-                } else {
-                    let why = "this server needs its token: Authorization: Bearer <token>\n";
-                    ("401 Unauthorized", why.into(), false)
-                }
-            }
-            Route::NotFound => {
-                // Any other GET is the dashboard's (its page, its API, or its 404).
-                let head = String::from_utf8_lossy(&buf[..n]);
-                let target = head.split(' ').nth(1).unwrap_or("/");
-                let head_only = head.starts_with("HEAD ");
-                crate::dashboard::http::serve(&mut sock, target, &head, head_only, dash).await;
-                return;
-            }
-            Route::BadMethod => ("405 Method Not Allowed", "only GET\n".into(), false),
-            Route::Bad => ("400 Bad Request", "bad request\n".into(), false),
-        },
-        // Too long, closed early or too slow.
-        Ok(false) if n == buf.len() => {
-            ("431 Request Header Fields Too Large", String::new(), false)
-        }
-        _ => return,
-    };
-    let kind = if code.starts_with("200") {
-        "text/plain; version=0.0.4; charset=utf-8"
-    } else {
-        "text/plain; charset=utf-8"
-    };
-    let mut reply = format!(
-        "HTTP/1.1 {code}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    if code.starts_with("405") {
-        reply.push_str("Allow: GET, HEAD\r\n");
-    }
-    if code.starts_with("401") {
-        reply.push_str("WWW-Authenticate: Bearer realm=\"ramgrid\"\r\n");
-    }
-    reply.push_str("\r\n");
-    if !head_only {
-        reply.push_str(&body);
-    }
-    let _ = tokio::time::timeout(READ_TIMEOUT, async {
-        let _ = sock.write_all(reply.as_bytes()).await;
-        let _ = sock.shutdown().await;
-    })
-    .await;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn routes() {
-        assert_eq!(
-            route(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
-            Route::Metrics { head_only: false }
-        );
-        assert_eq!(
-            route(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n"),
-            Route::Metrics { head_only: false }
-        );
-        assert_eq!(
-            route(b"HEAD /metrics HTTP/1.1\r\n\r\n"),
-            Route::Metrics { head_only: true }
-        );
-        assert_eq!(route(b"GET / HTTP/1.1\r\n\r\n"), Route::NotFound);
-        assert_eq!(route(b"GET /metricsx HTTP/1.1\r\n\r\n"), Route::NotFound);
-        assert_eq!(route(b"POST /metrics HTTP/1.1\r\n\r\n"), Route::BadMethod);
-        assert_eq!(route(b"GET /metrics\r\n\r\n"), Route::Bad);
-        assert_eq!(route(b"get k\r\n\r\n"), Route::Bad);
-    }
 
     #[test]
     fn off_loopback_the_token_guards_the_metrics() {

@@ -271,7 +271,7 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         let l = TcpListener::bind(at).with_context(|| format!("cannot serve metrics on {at}"))?;
         metrics_addr = Some(l.local_addr()?);
         let (shared, node) = (shared.clone(), node.clone());
-        handles.push(crate::metrics::spawn(l, shared, node, stop_rx.clone())?);
+        handles.push(crate::http::spawn(l, shared, node, stop_rx.clone())?);
     }
     let mut senders = Vec::new();
     for (i, stats) in workers.into_iter().enumerate() {

@@ -6,13 +6,11 @@
 //! small login page whose script takes the token from a form or from the URL's fragment
 //! (`#token=...`, which browsers never send to the server), then loads the page with the header.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
-use tokio::io::{AsyncWrite, AsyncWriteExt};
-
 use super::Dashboard;
-use crate::metrics::READ_TIMEOUT;
 
 const INDEX: &str = include_str!("assets/index.html");
 const SCRIPT: &str = include_str!("assets/dashboard.js");
@@ -22,6 +20,14 @@ const LOGIN: &str = include_str!("assets/login.html");
 /// Inline scripts and styles only, requests to this origin only: the page loads nothing else.
 const CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
                    connect-src 'self'; img-src data:; form-action 'none'; frame-ancestors 'none'";
+
+/// The headers of every dashboard reply beyond those of any reply (`crate::http` writes both).
+pub const HEADERS: [(&str, &str); 4] = [
+    ("Cache-Control", "no-store"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "no-referrer"),
+    ("Content-Security-Policy", CSP),
+];
 
 /// What a request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,17 +132,15 @@ fn index() -> &'static str {
     })
 }
 
-/// Answers one request whose head (request line and headers) is `head`; `head_only` for HEAD.
-pub async fn serve<S: AsyncWrite + Unpin>(
-    sock: &mut S,
+/// The answer (status, content type, body) to a request for `target` whose head (request line
+/// and headers) is `head`; sent with [`HEADERS`].
+pub async fn answer(
     target: &str,
     head: &str,
-    head_only: bool,
     dash: &Arc<Dashboard>,
-) {
+) -> (&'static str, &'static str, Cow<'static, str>) {
     let page = page(target);
-    let (code, kind, body): (&str, &str, std::borrow::Cow<'static, str>) = if page == Page::NotFound
-    {
+    if page == Page::NotFound {
         (
             "404 Not Found",
             "text/plain; charset=utf-8",
@@ -180,25 +184,7 @@ pub async fn serve<S: AsyncWrite + Unpin>(
             }
             (_, Page::NotFound) => unreachable!("answered above"),
         }
-    };
-    let mut reply = format!(
-        "HTTP/1.1 {code}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\
-         Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n\
-         Referrer-Policy: no-referrer\r\nContent-Security-Policy: {CSP}\r\n",
-        body.len()
-    );
-    if code.starts_with("401") {
-        reply.push_str("WWW-Authenticate: Bearer realm=\"ramgrid\"\r\n");
     }
-    reply.push_str("\r\n");
-    if !head_only {
-        reply.push_str(&body);
-    }
-    let _ = tokio::time::timeout(READ_TIMEOUT, async {
-        let _ = sock.write_all(reply.as_bytes()).await;
-        let _ = sock.shutdown().await;
-    })
-    .await;
 }
 
 #[cfg(test)]
