@@ -9,11 +9,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ distributed = pytest.importorskip("distributed", reason="dask.distributed is not
 
 import ramgrid
 import ramgrid.dask
+from _until import until
 from ramgrid.engines import DaskEngine
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -59,17 +59,6 @@ def members(client: Any) -> dict[str, int]:
         return {} if plugin is None else {m.address: m.pid for m in plugin.members.values()}
 
     return dict(client.run_on_scheduler(run))
-
-
-def until(what: str, cond: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def alive(pid: int) -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _until import until
 
 SCHEDULER_IP = "10.213.0.100"
 HOSTS = 4
@@ -109,17 +110,6 @@ def _shm_socket(addr: str) -> Path:
     return base / f"shm-{host}-{port}.sock"
 
 
-def _wait(what: str, cond: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.2)
-
-
 def _read_sum(name: str, n: int) -> int:
     import numpy as np
     import ramgrid.dask
@@ -190,7 +180,7 @@ def drive(prefix: str, logdir: Path) -> int:
         def on_new_host() -> list[str]:
             return [s for s in ramgrid.dask.get_grid(client).servers if s.startswith(_host_ip(3) + ":")]
 
-        added = _wait("a server on the new host", on_new_host, 90)[0]
+        added = until("a server on the new host", on_new_host, 90)[0]
         res["added"] = added
         seen.add(added)
         res["added_holds"] = sum(added in r for r in ramgrid.dask.get_grid(client).table("kv").owners())
@@ -217,10 +207,10 @@ def drive(prefix: str, logdir: Path) -> int:
             st = [s for s in grid.status() if s.get("ok")]
             return bool(st) and all(killed not in str(s.get("servers")) for s in st)
 
-        _wait("the killed host's fail-over", failed_over, 60)
+        until("the killed host's fail-over", failed_over, 60)
         # Then the re-replication: until it is done, some partitions may be refused as REPAIRING.
         t_kill = time.monotonic()
-        _wait("the repair", lambda: all(s.get("pending_partitions") == 0 for s in grid.status() if s.get("ok")), 60)
+        until("the repair", lambda: all(s.get("pending_partitions") == 0 for s in grid.status() if s.get("ok")), 60)
         res["repaired_after_failover_s"] = round(time.monotonic() - t_kill, 2)
         res["after_kill"] = next(s for s in grid.status() if s.get("ok"))["servers"]
         survivor = next(w for s, w in ramgrid.dask.owners(client).items() if s != killed)
@@ -231,7 +221,7 @@ def drive(prefix: str, logdir: Path) -> int:
         client.shutdown()
         client.close()
         hosts = [f"{prefix}s{i}" for i in range(HOSTS)]
-        _wait("every process in the host namespaces to end", lambda: not any(_pids(ns) for ns in hosts), 60)
+        until("every process in the host namespaces to end", lambda: not any(_pids(ns) for ns in hosts), 60)
         res["processes_after_close"] = {ns: _pids(ns) for ns in hosts if _pids(ns)}
         res["dev_shm_new"] = sorted(set(os.listdir("/dev/shm")) - shm_before)
         res["sockets_left"] = [a for a in seen if a != killed and _shm_socket(a).exists()]
