@@ -10,7 +10,7 @@ or a packed form `(offsets, data)` where offsets is a numpy int64 array of n+1 o
 Int keys given in a list are encoded like int64 array keys, so `[1, 2]` and `np.array([1, 2])` address the same items.
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeAlias, final
 
 import numpy as np
@@ -233,6 +233,34 @@ def scan(
     partitions: tuple[int, int] | None = None,  # (start, end): partitions start..end-1 only
     prefer: str | None = None,  # "host:port": asked first where every replica holds the data
 ) -> ScanIter: ...
+
+@final
+class MappedBuffer:
+    """One mapped partition's fixed-width values (entry order, little-endian), read-only through the buffer protocol
+    (`pa.py_buffer(b)`, `memoryview(b)`): the mapping stays while the object or a buffer made from it lives."""
+
+    # Exports the buffer protocol (read-only); Python 3.11 shows no __buffer__ for a stub to state.
+    def __len__(self) -> int: ...
+
+# Per partition: None (not mapped: scan it over TCP) or (partition, items, keys, values); keys (offsets buffer of
+# items + 1 int64, data buffer, data bytes used) in buffers from `alloc`, or None; values a MappedBuffer (i64, f64,
+# f32 vectors), (offsets, data, used) (bytes), or None.
+def shm_columns(
+    client: Client,
+    table: str,
+    version: int,
+    incarnation: int,
+    partitions: list[int],
+    alloc: Callable[[int], Any],
+    keys: bool = True,
+    values: bool = True,
+    threads: int = 1,
+) -> list[tuple[int, int, tuple[Any, Any, int] | None, Any] | None] | None:
+    """The key and value columns of `partitions` of a pinned version read from this process's mappings: keys (and
+    bytes values) written into fresh writable buffers from `alloc(nbytes)` (`pyarrow.allocate_buffer`) on up to
+    `threads` threads with the GIL released, fixed-width values in place. None when nothing can be read from the
+    mappings now (not attached, detached, a forked child, the table created again)."""
+
 def top_k(
     client: Client,
     table: str,

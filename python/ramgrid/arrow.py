@@ -8,6 +8,11 @@ Python object per item. A batch holds one scan chunk (one partition's items, at 
 is as consistent as a scan: each partition of one moment, and one version throughout (a `Table`'s current version
 when the call starts; `to_arrow`'s parallel scans all read the version it pins first).
 
+A `PinnedTable` whose partitions this process maps from servers on its host (docs/shared-memory.md) is read from the
+mappings instead, with no request: the native module gathers the keys (and bytes values) of several partitions at once
+with the GIL released, and numeric and vector values are the mapped bytes themselves, not copied (such a table keeps
+the mapping alive while it lives). Partitions not mapped, and every call with `where=`, are scanned over TCP.
+
     import duckdb, polars as pl
     t = grid.table("words")
     duckdb.sql("select count(*), avg(value) from t")   # t is read through __arrow_c_stream__
@@ -16,6 +21,7 @@ when the call starts; `to_arrow`'s parallel scans all read the version it pins f
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +80,39 @@ def _values(values: Any, typ: pa.DataType) -> pa.Array:
     return pa.array(values, type=typ)  # a view of the numpy array's buffer, no copy
 
 
+def _binary(n: int, offsets: Any, data: Any, used: int) -> pa.Array:
+    """A large binary array on (offsets, data) buffers that `_native.shm_columns` wrote, `used` bytes of data."""
+    import pyarrow as pa
+
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [None, offsets, data.slice(0, used)])
+
+
+def _mapped_values(n: int, values: Any, typ: pa.DataType) -> pa.Array:
+    """A partition's values from `_native.shm_columns`: a read-only buffer on the mapping (numbers, vectors) wrapped
+    in place, or the buffers bytes values were written into."""
+    import pyarrow as pa
+
+    if isinstance(values, tuple):
+        return _binary(n, *values)
+    buf = pa.py_buffer(values)
+    if isinstance(typ, pa.FixedSizeListType):
+        dim = typ.list_size
+        return pa.FixedSizeListArray.from_arrays(pa.Array.from_buffers(pa.float32(), n * dim, [None, buf]), dim)
+    return pa.Array.from_buffers(typ, n, [None, buf])
+
+
+def _mapped_batches(column: tuple[int, int, Any, Any], sch: pa.Schema, chunk_items: int) -> list[pa.RecordBatch]:
+    """One mapped partition's columns as batches of at most `chunk_items` rows (slices of one batch, no copy)."""
+    import pyarrow as pa
+
+    _partition, n, keys, values = column
+    if n == 0:
+        return []
+    arrays = [_binary(n, *keys) if f.name == "key" else _mapped_values(n, values, f.type) for f in sch]
+    batch = pa.RecordBatch.from_arrays(arrays, schema=sch)
+    return [batch.slice(i, chunk_items) for i in range(0, n, chunk_items)]
+
+
 def record_batch(keys: pa.Array, values: Any, sch: pa.Schema) -> pa.RecordBatch:
     """One scan chunk as a batch of schema `sch`."""
     import pyarrow as pa
@@ -89,6 +128,8 @@ class _Arrow:
     `filter`)."""
 
     name: str
+    _read_version: int = 0
+    _read_incarnation: int = 0
 
     if TYPE_CHECKING:
 
@@ -109,13 +150,69 @@ class _Arrow:
         vt, dim = self._client().value_type(self.name)
         return schema(vt, dim, columns)
 
+    def _mapped(
+        self, sch: pa.Schema, partitions: list[int], chunk_items: int, threads: int
+    ) -> list[pa.RecordBatch] | None:
+        """The batches of `partitions` (in order) read from this process's shared-memory mappings of a pinned
+        version, a partition that is not mapped scanned over TCP; None, with nothing read, when nothing can be read
+        from the mappings now (not a PinnedTable that maps anything, detached, a forked child)."""
+        if not getattr(self, "_attached", False):
+            return None
+        import pyarrow as pa
+
+        from ramgrid import _native
+
+        names = sch.names
+        cols = _native.shm_columns(
+            self._client(),
+            self.name,
+            self._read_version,
+            self._read_incarnation,
+            partitions,
+            pa.allocate_buffer,  # pyarrow's memory pool: it keeps its pages between calls, as for pyarrow's readers
+            "key" in names,
+            "value" in names,
+            threads,
+        )
+        if cols is None:
+            return None
+        out: list[pa.RecordBatch] = []
+        for p, c in zip(partitions, cols):
+            if c is not None:
+                out.extend(_mapped_batches(c, sch, chunk_items))
+                continue
+            with self.scan(chunk_items, partitions=(p, p + 1)) as chunks:
+                out.extend(record_batch(keys, values, sch) for keys, values in chunks)
+        return out
+
     def to_batches(
         self, where: Any = None, columns: Sequence[str] | None = None, chunk_items: int = 1 << 20
     ) -> Iterator[pa.RecordBatch]:
         """The table's items (those whose value satisfies `where`, as `filter` takes it) as Arrow record batches of
-        at most `chunk_items` rows, one partition's items at a time, in partition order."""
+        at most `chunk_items` rows, one partition's items at a time, in partition order. A PinnedTable's mapped
+        partitions are read from shared memory (without `where`), a few partitions at a time as they are consumed."""
+        if int(chunk_items) < 1:
+            raise ValueError("chunk_items must be at least 1")
         sch = self.arrow_schema(columns)
-        chunks = self.scan(chunk_items) if where is None else self.filter(where, chunk_items)
+        start = 0
+        if where is None and getattr(self, "_attached", False):
+            parts = self._client().partitions(self.name)
+            step = max(1, os.cpu_count() or 1)
+            while start < parts:
+                window = list(range(start, min(parts, start + step)))
+                got = self._mapped(sch, window, int(chunk_items), len(window))
+                if got is None:
+                    break  # no longer readable from the mappings: the rest over TCP
+                yield from got
+                start += len(window)
+            if start >= parts:
+                return
+        if where is not None:
+            chunks = self.filter(where, chunk_items)
+        elif start:
+            chunks = self.scan(chunk_items, partitions=(start, self._client().partitions(self.name)))
+        else:
+            chunks = self.scan(chunk_items)
         with chunks:
             for keys, values in chunks:
                 yield record_batch(keys, values, sch)
@@ -130,11 +227,19 @@ class _Arrow:
         """The table (its items whose value satisfies `where`) as a `pyarrow.Table` of columns `key` and `value`
         (or those named in `columns`); see the module for the types. Built from the scan's buffers: no Python
         object per item. `threads` scans of disjoint partition ranges run at once (the native scan releases the
-        GIL), so the servers' passes, the transfers and the decoding overlap; batches come in partition order."""
+        GIL), so the servers' passes, the transfers and the decoding overlap; batches come in partition order.
+        A PinnedTable's mapped partitions are read from shared memory instead (without `where`), on `threads`
+        threads at most (no more than the cores), numbers and vectors in place (see the module)."""
         import pyarrow as pa
 
+        if int(chunk_items) < 1:
+            raise ValueError("chunk_items must be at least 1")
         sch = self.arrow_schema(columns)
         parts = self._client().partitions(self.name)
+        if where is None:
+            mapped = self._mapped(sch, list(range(parts)), int(chunk_items), max(1, int(threads)))
+            if mapped is not None:
+                return pa.Table.from_batches(mapped, schema=sch)
         k = max(1, min(int(threads), parts))
         if where is not None or k == 1:
             return pa.Table.from_batches(list(self.to_batches(where, columns, chunk_items)), schema=sch)

@@ -117,6 +117,12 @@ pub(crate) struct Attached {
 }
 
 impl Attached {
+    /// Partition `p`'s mapped image, if it is mapped.
+    #[inline]
+    pub(crate) fn view(&self, p: u32) -> Option<&ImageView<Mapping>> {
+        self.views.get(p as usize)?.as_ref()
+    }
+
     /// One key's value in wire form from its mapping: `Some(None)` if missing (or longer than
     /// the wire allows), `None` if its partition is not mapped.
     #[inline]

@@ -47,7 +47,7 @@ fn forks() -> u64 {
 /// (its counters are its own cache line).
 pub struct ShmReader {
     client: Client,
-    set: Arc<Attached>,
+    pub(crate) set: Arc<Attached>,
     table: String,
     incarnation: u64,
     version: u32,
@@ -121,7 +121,7 @@ impl ShmReader {
     /// Whether reads through the handle are answered from the mappings now (see the module's
     /// doc): each check is one load, except after the client's table cache changed.
     #[inline]
-    fn usable(&self) -> bool {
+    pub(crate) fn usable(&self) -> bool {
         self.set.live.load(Ordering::Acquire)
             && !tcp_only_here()
             && FORKS.load(Ordering::Relaxed) == self.forks

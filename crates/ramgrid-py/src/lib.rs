@@ -3,6 +3,7 @@
 //! the contract is `python/ramgrid/_native.pyi`.
 
 mod aio;
+mod arrow;
 mod errors;
 mod keys;
 mod ops;
@@ -795,6 +796,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(keys::partition_of, m)?)?;
     m.add_function(wrap_pyfunction!(ops::run_op, m)?)?;
     m.add_class::<scan::ScanIter>()?;
+    m.add_class::<arrow::MappedBuffer>()?;
+    m.add_function(wrap_pyfunction!(arrow::shm_columns, m)?)?;
     m.add_class::<aio::PipelinedGets>()?;
     m.add_class::<aio::AioReader>()?;
     m.add_function(wrap_pyfunction!(aio::get_many_pipelined, m)?)?;

@@ -123,6 +123,83 @@ impl<B: AsRef<[u8]>> ImageView<B> {
         &vals[off + 4..off + 4 + len]
     }
 
+    /// Entry `i`'s key (entries are the partition's column order: what a scan visits).
+    #[inline]
+    pub fn key(&self, i: usize) -> &[u8] {
+        let slot = read_u32(self.section(KEY_OFFS), i * 4);
+        crate::tables::partition::key_at(self.section(KEYS), slot)
+    }
+
+    /// Every value in entry order, back to back in wire form, for the fixed-width types (8 LE
+    /// bytes per i64 or f64, `dim * 4` LE bytes per f32 vector): the image's value section
+    /// itself, borrowed. `None` for bytes values (see [`ImageView::append_bytes_values`]).
+    pub fn fixed_values(&self) -> Option<&[u8]> {
+        (self.value_type != ValueType::Bytes).then(|| self.section(VALUES))
+    }
+
+    /// Room enough for every key back to back: the key arena less its record headers (each record
+    /// is a u32 length, a u32 entry number, the key and padding to 4 bytes).
+    pub fn key_bytes_bound(&self) -> usize {
+        self.section(KEYS).len().saturating_sub(8 * self.items)
+    }
+
+    /// Every bytes value back to back takes exactly this (the value arena less the u32 length of
+    /// each record); 0 for the other types.
+    pub fn bytes_values_len(&self) -> usize {
+        match self.value_type {
+            ValueType::Bytes => self.section(VALUES).len().saturating_sub(4 * self.items),
+            _ => 0,
+        }
+    }
+
+    /// Write every key, in entry order, back to back into `data`, and Arrow's (large) binary
+    /// offsets into `ends`: `ends[0] = 0`, `ends[i + 1]` the end of key `i`. Returns the bytes
+    /// written. `ends` must hold `len() + 1` offsets and `data` at least
+    /// [`ImageView::key_bytes_bound`] bytes (else a panic, with nothing promised of what was
+    /// written).
+    pub fn write_keys(&self, ends: &mut [i64], data: &mut [u8]) -> usize {
+        let (offs, arena) = (self.section(KEY_OFFS), self.section(KEYS));
+        assert_eq!(
+            ends.len(),
+            self.items + 1,
+            "one offset per key and one more"
+        );
+        ends[0] = 0;
+        let mut end = 0usize;
+        for (slot, e) in offs.chunks_exact(4).zip(&mut ends[1..]) {
+            let at = u32::from_le_bytes(slot.try_into().expect("4 bytes")) as usize * 4;
+            let len = read_u32(arena, at) as usize;
+            copy_short(&mut data[end..end + len], &arena[at + 8..at + 8 + len]);
+            end += len;
+            *e = end as i64;
+        }
+        end
+    }
+
+    /// [`ImageView::write_keys`] for the values of a bytes image (`data` of at least
+    /// [`ImageView::bytes_values_len`] bytes); writes nothing and returns 0 for other types.
+    pub fn write_bytes_values(&self, ends: &mut [i64], data: &mut [u8]) -> usize {
+        if self.value_type != ValueType::Bytes {
+            return 0;
+        }
+        let (offs, vals) = (self.section(VALUE_OFFS), self.section(VALUES));
+        assert_eq!(
+            ends.len(),
+            self.items + 1,
+            "one offset per value and one more"
+        );
+        ends[0] = 0;
+        let mut end = 0usize;
+        for (off, e) in offs.chunks_exact(8).zip(&mut ends[1..]) {
+            let at = u64::from_le_bytes(off.try_into().expect("8 bytes")) as usize;
+            let len = read_u32(vals, at) as usize;
+            copy_short(&mut data[end..end + len], &vals[at + 4..at + 4 + len]);
+            end += len;
+            *e = end as i64;
+        }
+        end
+    }
+
     /// One key's value in wire form, if present.
     pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
         let keys = self.key_arena();
@@ -153,6 +230,20 @@ impl<B: AsRef<[u8]>> Lookup for ImageView<B> {
             ValueType::Bytes => (i * 8, VALUE_OFFS),
         };
         prefetch(self.section(sec).as_ptr().wrapping_add(at));
+    }
+}
+
+/// `dst.copy_from_slice(src)`, with the 8-byte keys most tables hold (int keys) copied as one
+/// word instead of a call into `memcpy`.
+#[inline]
+fn copy_short(dst: &mut [u8], src: &[u8]) {
+    if let (Ok(d), Ok(s)) = (
+        <&mut [u8; 8]>::try_from(&mut *dst),
+        <&[u8; 8]>::try_from(src),
+    ) {
+        *d = *s;
+    } else {
+        dst.copy_from_slice(src);
     }
 }
 
@@ -306,6 +397,48 @@ mod tests {
             for (ops, keys) in [(0, 1), (1, 1), (50, 20), (20_000, 4_000)] {
                 let (owned, viewed, _) = both(t, ops, keys, n as u64 + ops as u64);
                 assert_eq!(owned, viewed, "{t:?} after {ops} ops");
+            }
+        }
+    }
+
+    #[test]
+    fn columns_come_out_in_entry_order_as_the_owned_partition_holds_them() {
+        for (n, t) in TYPES.into_iter().enumerate() {
+            for (ops, keys) in [(0, 1), (1, 1), (50, 20), (20_000, 4_000)] {
+                let meter = Arc::new(Budget::new(1 << 30));
+                let (d, model) = build(t, ops, keys, n as u64 * 7 + ops as u64, &meter);
+                let view =
+                    ImageView::open(AlignedBytes::copy_of(&image_bytes(&d).unwrap())).unwrap();
+                let mut ends = vec![-1i64; model.len() + 1];
+                let mut data = vec![0u8; view.key_bytes_bound()];
+                let used = view.write_keys(&mut ends, &mut data);
+                assert_eq!(used as i64, ends[model.len()]);
+                assert!(view.key_bytes_bound() - used < 4 * model.len().max(1));
+                let mut vends = vec![-1i64; model.len() + 1];
+                let mut vdata = vec![0u8; view.bytes_values_len()];
+                let vused = view.write_bytes_values(&mut vends, &mut vdata);
+                assert_eq!(vused, view.bytes_values_len(), "exactly the room asked for");
+                assert_eq!(ends[0], 0);
+                let width = t.packed_width();
+                let fixed = view.fixed_values();
+                assert_eq!(fixed.is_some(), width.is_some(), "{t:?}");
+                for i in 0..model.len() {
+                    let k = &data[ends[i] as usize..ends[i + 1] as usize];
+                    assert_eq!(k, d.key(i), "{t:?}: key of entry {i}");
+                    assert_eq!(view.key(i), k);
+                    let wire = view.get(k).expect("a stored key");
+                    assert_eq!(wire, view.value_wire(i));
+                    let v = match (fixed, width) {
+                        (Some(f), Some(w)) => &f[i * w..(i + 1) * w],
+                        _ => &vdata[vends[i] as usize..vends[i + 1] as usize],
+                    };
+                    assert_eq!(v, wire, "{t:?}: value of entry {i}");
+                }
+                if let (Some(f), Some(w)) = (fixed, width) {
+                    assert_eq!(f.len(), model.len() * w);
+                    assert_eq!(vused, 0);
+                    assert!(vends.iter().all(|&e| e == -1), "nothing written");
+                }
             }
         }
     }

@@ -3,7 +3,11 @@ stream read by DuckDB, polars and pandas, checked against numpy over the values 
 
 from __future__ import annotations
 
+import math
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -109,3 +113,203 @@ def test_vector_bytes_empty_and_pinned_tables(grid: ramgrid.LocalGrid) -> None:
         w.put_many(np.arange(3, dtype=np.int64), np.full(3, 7, dtype=np.int64))
     assert sorted(pinned.to_arrow().column("value").to_pylist()) == [0, 1, 2, 3, 4]
     assert sorted(ver.to_arrow().column("value").to_pylist()) == [7, 7, 7]
+
+
+# A PinnedTable whose partitions this process maps (docs/shared-memory.md) is read from the mappings: the same table
+# as over TCP, with no scan at all.
+
+
+@pytest.fixture
+def shm_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A socket directory of the test's own, for its servers (--shm-dir) and its client (RAMGRID_SHM_DIR)."""
+    d = Path(tempfile.mkdtemp(prefix="ramgrid-arrow-shm-", dir="/tmp"))
+    d.chmod(0o700)
+    monkeypatch.setenv("RAMGRID_SHM_DIR", str(d))
+    yield d
+    for p in d.iterdir():
+        p.unlink(missing_ok=True)
+    d.rmdir()
+
+
+def _shm_grid(shm_dir: Path, servers: int = 2) -> ramgrid.LocalGrid:
+    return ramgrid.local(servers=servers, memory="128MiB", extra_args=["--shm-dir", str(shm_dir)])
+
+
+N = 3000
+
+
+def _sealed(g: ramgrid.Grid, name: str, value_type: Any, partitions: int = 8) -> tuple[ramgrid.Table, Any]:
+    """A table of one sealed version: keys 0..N-1 but every third (int keys), and their values."""
+    t = g.create_table(name, partitions=partitions, value_type=value_type)
+    keys = np.array([k for k in range(N) if k % 3], dtype=np.int64)
+    if value_type == "i64":
+        vals: Any = keys * 7 - 100
+    elif value_type == "f64":
+        vals = np.where(keys % 11 == 0, np.nan, keys * 0.5)  # NaN travels as it is
+    elif value_type == "bytes":
+        vals = [bytes([k % 256]) * (k % 40) for k in keys.tolist()]  # some empty
+    else:
+        vals = np.arange(len(keys) * 3, dtype=np.float32).reshape(-1, 3)
+    with t.new_version() as w:
+        w.put_many(keys, vals)
+    return t, dict(zip(keys.tolist(), vals.tolist() if isinstance(vals, np.ndarray) else vals, strict=True))
+
+
+def _no_scans(p: ramgrid.PinnedTable) -> ramgrid.PinnedTable:
+    """`p` with its TCP scans refused: what reads through them fails the test."""
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("scanned over TCP")
+
+    p.scan = refused  # type: ignore[method-assign]
+    p.filter = refused  # type: ignore[method-assign]
+    return p
+
+
+def _as_dict(at: pa.Table) -> dict[int, Any]:
+    keys = np.concatenate([int_keys(c) for c in at.column("key").chunks]) if at.num_rows else np.array([], np.int64)
+    return dict(zip(keys.tolist(), at.column("value").to_pylist(), strict=True))
+
+
+def _equal(a: pa.Table, b: pa.Table) -> bool:
+    """Same schema, rows and order (chunks aside), NaN equal to NaN."""
+    if a.schema != b.schema or a.num_rows != b.num_rows:
+        return False
+    for x, y in zip(a.columns, b.columns, strict=True):
+        if pa.types.is_floating(x.type):
+            if not np.array_equal(x.to_numpy(), y.to_numpy(), equal_nan=True):
+                return False
+        elif not x.equals(y):
+            return False
+    return True
+
+
+def _same_items(a: Any, b: Any) -> bool:
+    """Equal dicts of values, NaN equal to NaN."""
+
+    def nan(x: Any) -> bool:
+        return isinstance(x, float) and math.isnan(x)
+
+    return a.keys() == b.keys() and all(a[k] == b[k] or (nan(a[k]) and nan(b[k])) for k in a)
+
+
+@pytest.mark.parametrize("value_type", ["f64", "i64", "bytes", ("f32vec", 3)])
+def test_a_mapped_pinned_table_comes_out_from_shared_memory_equal_to_tcp(shm_dir: Path, value_type: Any) -> None:
+    with _shm_grid(shm_dir) as g:
+        t, want = _sealed(g, "t", value_type)
+        local = _no_scans(t.pin(shared_memory=True))
+        remote = t.pin(shared_memory=False)
+        assert local.describe()["shared_memory"]["mapped"] == list(range(8))  # type: ignore[index]
+        a, b = local.to_arrow(), remote.to_arrow()
+        assert a.schema == b.schema == remote.arrow_schema()
+        assert _equal(a, b)  # same rows in the same order: each partition in entry order, as its scan visits it
+        assert _same_items(_as_dict(a), want)
+        if value_type in ("f64", "i64"):
+            first = a.column("value").chunks[0]
+            assert not first.buffers()[1].is_mutable  # the mapped bytes themselves, read-only
+            assert not first.to_numpy().flags.writeable
+        # Batches of at most chunk_items rows, through the C stream too; only one column.
+        batches = list(local.to_batches(chunk_items=500))
+        assert all(bt.num_rows <= 500 for bt in batches) and _equal(pa.Table.from_batches(batches), b)
+        assert _equal(pa.table(local), b)
+        assert duckdb.sql("select count(*) from local").fetchall()[0][0] == len(want)
+        assert _equal(local.to_arrow(columns=["value"]), b.select(["value"]))
+        assert _equal(local.to_arrow(columns="key", threads=1), b.select(["key"]))
+        # A where clause is evaluated on the servers: that handle scans, with the same answer as TCP's.
+        if value_type in ("f64", "i64"):
+            sel = t.pin(shared_memory=True).to_arrow(where=(100, 200))
+            assert sel.sort_by("key").equals(remote.to_arrow(where=(100, 200)).sort_by("key"))
+            assert sel.num_rows == sum(1 for v in want.values() if 100 <= v < 200)
+        # An empty table maps nothing, and comes out as over TCP.
+        e = g.create_table("e", partitions=4, value_type=value_type)
+        with e.new_version():
+            pass
+        pe = e.pin()
+        assert pe.to_arrow().equals(e.pin(shared_memory=False).to_arrow()) and pe.to_arrow().num_rows == 0
+        assert pe.to_arrow().schema == remote.arrow_schema()
+
+
+def test_partitions_not_mapped_are_scanned_and_the_rest_read_in_place(shm_dir: Path) -> None:
+    with _shm_grid(shm_dir) as g:
+        t, want = _sealed(g, "mixed", "i64")
+        # One server's socket gone (as a server on another host): its partitions stay on TCP.
+        host, port = g.addresses[1].rsplit(":", 1)
+        (shm_dir / f"shm-{host}-{port}.sock").unlink()
+        p = t.pin()
+        mapped = p.describe()["shared_memory"]["mapped"]  # type: ignore[index]
+        assert 0 < len(mapped) < 8
+        scanned: list[tuple[int, int]] = []
+        tcp_scan = p.scan
+
+        def scan(chunk_items: int = 65536, partitions: Any = None, **kw: Any) -> Any:
+            scanned.append(partitions)
+            return tcp_scan(chunk_items, partitions=partitions, **kw)
+
+        p.scan = scan  # type: ignore[method-assign]
+        remote = t.pin(shared_memory=False)
+        assert _equal(p.to_arrow(), remote.to_arrow())
+        assert sorted(scanned) == [(q, q + 1) for q in range(8) if q not in mapped]
+        scanned.clear()
+        assert _equal(pa.Table.from_batches(list(p.to_batches(chunk_items=100))), remote.to_arrow())
+        assert sorted(scanned) == [(q, q + 1) for q in range(8) if q not in mapped]
+        assert _same_items(_as_dict(p.to_arrow()), want)
+
+
+def test_a_table_out_of_the_mapping_outlives_its_pin_and_a_detach_falls_back_to_tcp(shm_dir: Path) -> None:
+    import gc
+
+    with _shm_grid(shm_dir, servers=1) as g:
+        t, want = _sealed(g, "held", "f64")
+        p = t.pin(shared_memory=True)
+        at = p.to_arrow()
+        # The last pin of the version collected: the version is detached, but the table's buffers hold the mapping.
+        del p
+        gc.collect()
+        assert g.client_stats()["shm_attached"] == 0
+        assert _same_items(_as_dict(at), want)
+        # Detached under a pinned handle: to_arrow and to_batches read over TCP, the same table.
+        p = t.pin(shared_memory=True)
+        c = g._client()
+        assert c.shm_detach("held", p.version, p.incarnation)
+        assert _equal(p.to_arrow(), t.pin(shared_memory=False).to_arrow())
+        assert _same_items(_as_dict(pa.Table.from_batches(list(p.to_batches()))), want)
+        # ... and once the version is dropped, the server's clear error.
+        with t.new_version() as w:
+            w.put_many([1], np.array([1.0]))
+        t.drop_version(p.version)
+        with pytest.raises(ramgrid.exceptions.VersionNotFound):
+            p.to_arrow()
+        with pytest.raises(ramgrid.exceptions.VersionNotFound):
+            list(p.to_batches())
+
+
+def test_a_server_restarted_while_mapped_leaves_the_table_its_version(shm_dir: Path) -> None:
+    with _shm_grid(shm_dir, servers=1) as g:
+        t, want = _sealed(g, "restarted", "bytes")
+        p = t.pin(shared_memory=True)
+        g.restart(0)
+        # The new server has no such table (memory durability): the mapping still holds the pinned version, as
+        # lookups through it do (docs/shared-memory.md, rule 5)...
+        assert _same_items(_as_dict(p.to_arrow()), want)
+        # ...until it is detached: then the server says the table is gone.
+        assert g._client().shm_detach("restarted", p.version, p.incarnation)
+        with pytest.raises(ramgrid.exceptions.RamgridError, match="restarted"):
+            p.to_arrow()
+
+
+def test_shm_columns_refuses_buffers_it_cannot_write_alone(shm_dir: Path) -> None:
+    from ramgrid import _native
+
+    with _shm_grid(shm_dir, servers=1) as g:
+        t, _ = _sealed(g, "alloc", "bytes", partitions=2)
+        p = t.pin(shared_memory=True)
+        c = g._client()
+        one = pa.allocate_buffer(1 << 20)
+        for bad, why in ((lambda n: one, "overlapping"), (lambda n: b"\0" * n, "writable"), (lambda n: 5, "writable")):
+            with pytest.raises(ValueError, match=why):
+                _native.shm_columns(c, "alloc", p.version, p.incarnation, [0, 1], bad)
+        # Not attached (the current version, 0): None, nothing read.
+        assert _native.shm_columns(c, "alloc", 0, 0, [0, 1], pa.allocate_buffer) is None
+        # A partition beyond the table's: not mapped.
+        rows = _native.shm_columns(c, "alloc", p.version, p.incarnation, [1, 7], pa.allocate_buffer)
+        assert rows is not None and rows[0] is not None and rows[1] is None
