@@ -69,6 +69,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--work", type=Path, default=Path("/tmp/ramgrid-load-bench"), help="where the files are cached")
     p.add_argument("--no-memcached", action="store_true", help="skip the memcached peers")
     p.add_argument("--out", type=Path, help="also write the report here")
+    p.add_argument(
+        "--perf",
+        type=Path,
+        help="after the rounds, profile --perf-loads loads of the first format (perf record -g on the servers and this "
+        "process) and write perf's summary here",
+    )
+    p.add_argument("--perf-loads", type=int, default=3, help="loads profiled with --perf (default 3)")
     return p.parse_args()
 
 
@@ -252,6 +259,36 @@ def ramgrid_load(grid: Any, path: Path, rows: int, threads: int, name: str) -> R
     return run
 
 
+def profile_loads(a: argparse.Namespace, grid: Any, path: Path, rows: int) -> None:
+    """`perf record -g` on the servers and this process over `--perf-loads` loads of `path`; writes to `--perf` the
+    share of samples per process and thread, and the top symbols by self time (perf report --no-children)."""
+    data = a.work / "load.perf.data"
+    pids = ",".join(str(p) for p in [*grid.pids, os.getpid()])
+    rec = subprocess.Popen(["perf", "record", "-q", "-F", "999", "-g", "-p", pids, "-o", str(data)])
+    time.sleep(1.0)  # perf attaches before the first load starts
+    try:
+        for i in range(a.perf_loads):
+            ramgrid_load(grid, path, rows, a.threads, f"profiled_{i}")
+    finally:
+        rec.send_signal(2)
+        rec.wait(60)
+    report = ["perf", "report", "-i", str(data), "--stdio", "--no-children", "--percent-limit", "0.7"]
+    out = [
+        subprocess.run([*report, "--sort", sort, "-g", "none"], check=True, capture_output=True, text=True).stdout
+        for sort in ("comm", "comm,symbol")
+    ]
+    keep = [ln.rstrip(" -") for ln in "".join(out).splitlines() if ln.strip() and not ln.startswith("#")]
+    head = f"# perf record -F 999 -g -p <servers>,<loader> over {a.perf_loads} loads of {path.name}; {commit_line()}"
+    a.perf.parent.mkdir(parents=True, exist_ok=True)
+    a.perf.write_text("\n".join([head, *keep]) + "\n")
+    data.unlink(missing_ok=True)
+
+
+def commit_line() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, cwd=REPO, capture_output=True, text=True)
+    return f"commit {out.stdout.strip()}"
+
+
 # --- run ----------------------------------------------------------------------------------------------------------
 
 
@@ -294,6 +331,11 @@ def main() -> int:
                 runs["memcached ramgrid-bench"].append(memcached_native(a, bench, n, key_size, value_size))
                 runs["memcached pymemcache"].append(memcached_pymemcache(a, keys, values))
             print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
+        if a.perf is not None:
+            profile_loads(a, grid, files[formats[0]], n)
+
+    if not runs:
+        return 0
 
     def med(what: str, field: str = "wall") -> float:
         return statistics.median(getattr(x, field) for x in runs[what])

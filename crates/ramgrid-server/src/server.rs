@@ -167,7 +167,8 @@ pub fn start(config: &Config) -> anyhow::Result<ServerHandle> {
         tables: Tables::new(TablesConfig {
             memory_limit: usize::try_from(config.table_memory).unwrap_or(usize::MAX),
             max_value_size: max_item,
-        }),
+        })
+        .with_seal_threads(threads),
         cluster: Default::default(),
         token: config.token.clone(),
         tls: tls.clone(),

@@ -507,6 +507,55 @@ impl Index {
         self.rebuild(Self::grown(self.buckets.len()), hash_of);
     }
 
+    /// The bucket count [`Index::grow`] would double to.
+    pub(crate) fn grown_buckets(&self) -> usize {
+        Self::grown(self.buckets.len())
+    }
+
+    /// The fewest buckets that keep the load at [`SHRINK_LOAD`], if that is fewer than now (what
+    /// a sealed partition's index is rebuilt with).
+    pub(crate) fn fitted_buckets(&self) -> Option<usize> {
+        let want = self.len.div_ceil(SHRINK_LOAD).max(1);
+        (want < self.buckets.len()).then_some(want)
+    }
+
+    /// Rebuild with `buckets` buckets from `keys`, the (hash, slot) of exactly the keys in the
+    /// index now, in any order, and room for all of them. The old buckets are freed first.
+    ///
+    /// Unlike [`Index::grow`], which walks the old buckets and asks for each slot's hash (for a
+    /// table, a cache miss per key reading its record back from the key arena, then another
+    /// writing its new bucket), the caller hands the keys over in the order it stores them
+    /// (arena order: sequential reads), and [`Index::insert_all`] prefetches their new buckets.
+    pub(crate) fn rebuild_from(&mut self, buckets: usize, keys: impl Iterator<Item = (u64, u32)>) {
+        let len = self.len;
+        self.buckets = Vec::new();
+        self.buckets = vec![Bucket::default(); buckets];
+        self.clear();
+        self.insert_all(keys);
+        debug_assert_eq!(self.len, len, "rebuilt from other keys than it held");
+        debug_assert!(self.len <= buckets * MAX_LOAD, "rebuilt below the keys");
+        self.spilled_at_rebuild = self.spilled;
+    }
+
+    /// [`Index::insert_unique`] of every (hash, slot), in groups whose home buckets are
+    /// prefetched first, so that the cache misses of a group overlap. The caller made room.
+    pub(crate) fn insert_all(&mut self, keys: impl Iterator<Item = (u64, u32)>) {
+        const AHEAD: usize = 32;
+        let mut keys = keys.peekable();
+        let mut group = [(0u64, 0u32); AHEAD];
+        while keys.peek().is_some() {
+            let mut n = 0;
+            for k in keys.by_ref().take(AHEAD) {
+                self.prefetch(k.0);
+                group[n] = k;
+                n += 1;
+            }
+            for &(h, slot) in &group[..n] {
+                self.insert_unique(h, slot);
+            }
+        }
+    }
+
     /// Bytes of a bucket array of `buckets` buckets.
     pub(crate) fn bytes_of(buckets: usize) -> usize {
         buckets * std::mem::size_of::<Bucket>()
@@ -519,21 +568,6 @@ impl Index {
         let floor = (floor_bytes / std::mem::size_of::<Bucket>()).max(1);
         let want = self.len.div_ceil(MAX_LOAD / 2).max(floor);
         (self.len < self.buckets.len() * MAX_LOAD / 4 && want < self.buckets.len()).then_some(want)
-    }
-
-    /// Rebuild with `buckets` buckets, which must leave room for every key (the old buckets are
-    /// freed once the keys moved over).
-    pub(crate) fn resize(&mut self, buckets: usize, hash_of: impl Fn(u32) -> u64) {
-        debug_assert!(self.len <= buckets * MAX_LOAD, "resize below the keys");
-        self.rebuild(buckets, hash_of);
-    }
-
-    /// Rebuild with the fewest buckets that keep the load at [`SHRINK_LOAD`], if that is fewer.
-    pub(crate) fn shrink_to_fit(&mut self, hash_of: impl Fn(u32) -> u64) {
-        let want = self.len.div_ceil(SHRINK_LOAD).max(1);
-        if want < self.buckets.len() {
-            self.rebuild(want, hash_of);
-        }
     }
 
     /// Append the buckets as the partition image stores them (docs/partition-image.md, section
@@ -653,8 +687,11 @@ mod tests {
                 Candidate::Slot(_) | Candidate::Unsure => {}
             }
         }
-        idx.shrink_to_fit(h);
-        assert!(idx.buckets.len() <= present.len().div_ceil(SHRINK_LOAD));
+        let fitted = idx.fitted_buckets().expect("deletes left room to shrink");
+        // Handed over in another order than the buckets hold them, as a partition does.
+        idx.rebuild_from(fitted, present.iter().rev().map(|&i| (h(i), i)));
+        assert_eq!(idx.buckets.len(), present.len().div_ceil(SHRINK_LOAD));
+        assert_eq!((idx.len(), idx.fitted_buckets()), (present.len(), None));
         for &i in &present {
             assert_eq!(idx.find(h(i), |s| s == i), Some(i));
         }

@@ -367,7 +367,13 @@ pub struct Tables {
     /// foldhash rather than SipHash: names are looked up once per batch and come from our own
     /// clients' requests, so the lookup's cost matters more than flooding resistance.
     tables: RwLock<HashMap<String, Arc<Table>, foldhash::fast::RandomState>>,
+    /// Threads a seal freezes partitions on (see [`Tables::with_seal_threads`]).
+    seal_threads: usize,
 }
+
+/// Keys of a version below which its seal runs on the caller's thread alone: starting threads
+/// costs more than freezing so few.
+const PARALLEL_SEAL_KEYS: usize = 1 << 16;
 
 impl Tables {
     /// An empty registry with these limits.
@@ -378,7 +384,17 @@ impl Tables {
             meter: Arc::new(Meter::new(config.memory_limit)),
             config,
             tables: RwLock::new(HashMap::default()),
+            seal_threads: 1,
         }
+    }
+
+    /// This registry, sealing versions on up to `threads` threads (a server passes its
+    /// `--threads`). Sealing rebuilds each partition's index and trims its vectors, which for a
+    /// version of millions of keys takes a while; partitions are independent, so the seal's
+    /// caller waits for the slowest thread instead of the sum. Default 1.
+    pub fn with_seal_threads(mut self, threads: usize) -> Tables {
+        self.seal_threads = threads.max(1);
+        self
     }
 
     /// The limits this registry was made with.
@@ -616,7 +632,8 @@ impl Tables {
     /// (and frozen: a later seal retries, or the version is dropped).
     pub fn freeze_version(&self, name: &str, version: u32) -> Result<TableVersion> {
         let tv = self.at(name, version)?;
-        for slot in tv.version.parts.iter() {
+        let parts = &tv.version.parts;
+        let freeze = |slot: &PartSlot| {
             let mut open = slot.open.write();
             if let Some(mut data) = open.take() {
                 data.freeze();
@@ -625,7 +642,35 @@ impl Tables {
                     .set(Arc::new(data))
                     .expect("a slot is frozen only once, under its write lock");
             }
+        };
+        let keys: usize = parts
+            .iter()
+            .map(|slot| slot.open.read().as_ref().map_or(0, PartData::len))
+            .sum();
+        let threads = self.seal_threads.min(parts.len());
+        if threads <= 1 || keys < PARALLEL_SEAL_KEYS {
+            parts.iter().for_each(freeze);
+            return Ok(tv);
         }
+        // Each thread takes the next partition not yet taken; the caller is one of them.
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let work = || {
+            while let Some(slot) = parts.get(next.fetch_add(1, Ordering::Relaxed)) {
+                freeze(slot);
+            }
+        };
+        std::thread::scope(|s| {
+            for _ in 1..threads {
+                if std::thread::Builder::new()
+                    .name("ramgrid-seal".into())
+                    .spawn_scoped(s, work)
+                    .is_err()
+                {
+                    break; // no more threads to be had: the others take its share
+                }
+            }
+            work();
+        });
         Ok(tv)
     }
 
