@@ -6,7 +6,12 @@ One local server (`ramgrid.local(servers=1)`), an f64 table of N items (int64 ke
 - filter: `table.filter((lo, hi))` selecting about 10 %;
 - in-process peers: `values.sum()` and `values[(values >= lo) & (values < hi)]` over a numpy array of the same N;
 - `to_arrow()` beside pyarrow reading a Parquet file of the same keys and values, DuckDB summing that file, and
-  DuckDB summing the `to_arrow()` result and the table object itself (its Arrow C stream).
+  DuckDB summing the `to_arrow()` result and the table object itself (its Arrow C stream);
+- the same version pinned: `PinnedTable.to_arrow()` read from the server's shared-memory segments (the partitions
+  mapped in this process, docs/shared-memory.md), and over TCP (`pin(shared_memory=False)`), and DuckDB over the
+  pinned table's C stream.
+
+The table is loaded as one sealed version (`new_version()`), so that it can be pinned and mapped.
 
 It prints ns per item of each and the ratio to its in-process peer. A benchmark, not a test: it asserts nothing.
 
@@ -23,6 +28,7 @@ import time
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute
 import pyarrow.parquet as pq
 import ramgrid
 
@@ -38,12 +44,17 @@ def main() -> None:
     keys = np.arange(n, dtype=np.int64)
     vals = rng.random(n)
     lo, hi = 0.45, 0.55
-    mem = f"{max(256, n * 64 // (1 << 20))}MiB"
+    mem = f"{max(256, n * 128 // (1 << 20))}MiB"  # the shared segments count a second time (shared-memory.md)
     with ramgrid.local(servers=1, memory=mem, extra_args=["--buffer-memory", "1GiB"]) as g:
         t = g.create_table("bench_scan", partitions=args.partitions, value_type="f64")
         step = 1 << 20
-        for i in range(0, n, step):
-            t.put_many(keys[i : i + step], vals[i : i + step])
+        with t.new_version() as w:
+            for i in range(0, n, step):
+                w.put_many(keys[i : i + step], vals[i : i + step])
+        pinned = t.pin()  # mapped from the server's segments
+        mapped = pinned.describe()["shared_memory"]["mapped"]  # type: ignore[index]
+        assert len(mapped) == args.partitions, pinned.describe()
+        pinned_tcp = t.pin(shared_memory=False)
 
         def best(f: object) -> float:
             times = []
@@ -75,6 +86,9 @@ def main() -> None:
             pq.write_table(pa.table({"key": keys, "value": vals}), path)
             t_arrow = best(lambda: t.to_arrow())
             t_pq = best(lambda: pq.read_table(path))
+            t_shm = best(lambda: pinned.to_arrow())
+            t_pin_tcp = best(lambda: pinned_tcp.to_arrow())
+            shm_sum = float(pa.compute.sum(pinned.to_arrow().column("value")).as_py())
             t_duck_pq = best(lambda: duckdb.sql(f"select sum(value) from '{path}'").fetchall())
             arrow_table = t.to_arrow()
 
@@ -87,9 +101,14 @@ def main() -> None:
                 tbl = t  # noqa: F841 (read by DuckDB's replacement scan)
                 return float(duckdb.sql("select sum(value) from tbl").fetchall()[0][0])
 
+            def duck_pinned() -> float:
+                tbl = pinned  # noqa: F841 (read by DuckDB's replacement scan)
+                return float(duckdb.sql("select sum(value) from tbl").fetchall()[0][0])
+
             answer = duck_arrow()
             t_duck_arrow = best(duck_arrow)
             t_duck_grid = best(duck_grid)
+            t_duck_pinned = best(duck_pinned)
         rows.append(("to_arrow()", t_arrow, best(lambda: vals.sum())))
     print(f"{n} f64 items, {args.partitions} partitions, 1 local server, best of {args.rounds}")
     print(f"{'':18} {'ramgrid ns/item':>16} {'numpy ns/item':>14} {'ratio':>8}")
@@ -105,6 +124,12 @@ def main() -> None:
     print(f"{'DuckDB sum(value) over that Parquet':44} {ns(t_duck_pq):8.2f} ns/item")
     print(f"{'DuckDB sum(value) over to_arrow()':44} {ns(t_duck_arrow):8.2f} ns/item")
     print(f"{'DuckDB sum(value) over the Table (C stream)':44} {ns(t_duck_grid):8.2f} ns/item")
+    print(f"{'PinnedTable.to_arrow(), shared memory':44} {ns(t_shm):8.2f} ns/item  ({t_shm / t_pq:.2f}x pyarrow)")
+    print(f"{'PinnedTable.to_arrow(), TCP':44} {ns(t_pin_tcp):8.2f} ns/item  ({t_pin_tcp / t_pq:.2f}x pyarrow)")
+    print(f"{'DuckDB sum(value) over the PinnedTable':44} {ns(t_duck_pinned):8.2f} ns/item")
+    print(
+        f"sum of the shared-memory table's values: {shm_sum!r}; equal to 1e-9: {abs(shm_sum - vals.sum()) <= 1e-9 * n}"
+    )
     print(
         f"DuckDB over to_arrow(): {answer!r}; numpy: {vals.sum()!r}; equal to 1e-9: {abs(answer - vals.sum()) <= 1e-9 * n}"
     )

@@ -259,7 +259,7 @@ def shm_columns(
     """The key and value columns of `partitions` of a pinned version read from this process's mappings: keys (and
     bytes values) written into fresh writable buffers from `alloc(nbytes)` (`pyarrow.allocate_buffer`) on up to
     `threads` threads with the GIL released, fixed-width values in place. None when nothing can be read from the
-    mappings now (not attached, detached, a forked child, the table created again)."""
+    mappings now (not attached, detached, the table created again)."""
 
 def top_k(
     client: Client,

@@ -134,7 +134,7 @@ struct Planned {
 
 /// The columns of `partitions` of `table`'s pinned `version` (of `incarnation`) where `client`
 /// maps them: None if nothing of the version can be read from shared memory now (not attached,
-/// detached, a forked child, the table created again); else one entry per partition, in order:
+/// detached, the table created again); else one entry per partition, in order:
 /// None for a partition not mapped (to be scanned over TCP), or `(partition, items, keys,
 /// values)`. `keys` is (offsets, data, data bytes used) in buffers from `alloc(nbytes)`, or None
 /// (not asked, or no items); `values` a [`MappedBuffer`] (i64, f64, f32 vectors), (offsets,
