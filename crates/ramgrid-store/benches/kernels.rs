@@ -1,5 +1,8 @@
 //! The operator kernels over one partition of 10 M f64 values, in ns per value, beside a plain
-//! streaming sum of the same values (the memory-bandwidth bound). Prints figures, asserts nothing:
+//! streaming sum of the same values (the memory-bandwidth bound). The values are uniform on [0, 2);
+//! the histograms run again over normal values binned on `linspace(-4, 4, 17)`, as
+//! `benchmarks/operators.py` bins them (most values in a few middle bins, so the same counts are
+//! incremented again and again), and over values that all lie on edges. Prints figures, asserts nothing:
 //! `cargo bench -p ramgrid-store --bench kernels [-- N]`.
 
 use std::hint::black_box;
@@ -18,18 +21,11 @@ fn best(rounds: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-fn main() {
-    let n: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(10_000_000);
-    let t = Tables::new(TablesConfig {
-        memory_limit: 8 << 30,
-        max_value_size: 1 << 20,
-    });
+/// A one-partition f64 table `name` holding `values`.
+fn load(t: &Tables, name: &str, values: &[f64]) {
     t.create_table(
         TableSpec {
-            name: "t".into(),
+            name: name.into(),
             partitions: 1,
             replication: 1,
             value_type: ValueType::F64,
@@ -39,20 +35,11 @@ fn main() {
         &[0],
     )
     .unwrap();
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let values: Vec<f64> = (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 11) as f64 / (1u64 << 53) as f64 * 2.0
-        })
-        .collect();
-    let keys: Vec<[u8; 8]> = (0..n as u64).map(|i| i.to_le_bytes()).collect();
+    let keys: Vec<[u8; 8]> = (0..values.len() as u64).map(|i| i.to_le_bytes()).collect();
     let mut st = Vec::new();
     for (ks, vs) in keys.chunks(100_000).zip(values.chunks(100_000)) {
         t.put_batch(
-            "t",
+            name,
             0,
             0,
             ks.iter()
@@ -62,6 +49,37 @@ fn main() {
         )
         .unwrap();
     }
+}
+
+fn main() {
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(10_000_000);
+    let t = Tables::new(TablesConfig {
+        memory_limit: 8 << 30,
+        max_value_size: 1 << 20,
+    });
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut uniform = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let values: Vec<f64> = (0..n).map(|_| uniform() * 2.0).collect();
+    // Box-Muller: standard normal values.
+    let normal: Vec<f64> = (0..n)
+        .map(|_| {
+            let (u, v) = (1.0 - uniform(), uniform());
+            (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+        })
+        .collect();
+    load(&t, "t", &values);
+    load(&t, "normal", &normal);
+    // Every value on an edge: no bin can be told by arithmetic alone.
+    let on_edges: Vec<f64> = values.iter().map(|&v| (v * 8.5).floor() / 8.0).collect();
+    load(&t, "on_edges", &on_edges);
     let rounds = 7;
     let stream = best(rounds, || {
         black_box(values.iter().sum::<f64>());
@@ -79,17 +97,20 @@ fn main() {
         hi: 1.0,
     });
     let edges: Vec<f64> = (0..=16).map(|i| f64::from(i) / 8.0).collect();
-    let cases: Vec<(&str, Op<'_>)> = vec![
-        ("count(where)", Op::Count { pred }),
+    let normal_edges: Vec<f64> = (0..=16).map(|i| -4.0 + f64::from(i) / 2.0).collect();
+    let cases: Vec<(&str, &str, Op<'_>)> = vec![
+        ("t", "count(where)", Op::Count { pred }),
         (
+            "t",
             "stats()",
             Op::Stats {
                 column: 0,
                 pred: None,
             },
         ),
-        ("stats(where)", Op::Stats { column: 0, pred }),
+        ("t", "stats(where)", Op::Stats { column: 0, pred }),
         (
+            "t",
             "histogram(16 bins)",
             Op::Histogram {
                 column: 0,
@@ -98,6 +119,7 @@ fn main() {
             },
         ),
         (
+            "t",
             "histogram(16 bins, where)",
             Op::Histogram {
                 column: 0,
@@ -106,6 +128,7 @@ fn main() {
             },
         ),
         (
+            "t",
             "top_k(10)",
             Op::TopK {
                 column: 0,
@@ -115,6 +138,7 @@ fn main() {
             },
         ),
         (
+            "t",
             "top_k(10, where)",
             Op::TopK {
                 column: 0,
@@ -123,10 +147,37 @@ fn main() {
                 pred,
             },
         ),
+        (
+            "normal",
+            "histogram(16 bins), normal values",
+            Op::Histogram {
+                column: 0,
+                pred: None,
+                edges: &normal_edges,
+            },
+        ),
+        (
+            "normal",
+            "histogram(16 bins, where), normal",
+            Op::Histogram {
+                column: 0,
+                pred,
+                edges: &normal_edges,
+            },
+        ),
+        (
+            "on_edges",
+            "histogram(16 bins), all on edges",
+            Op::Histogram {
+                column: 0,
+                pred: None,
+                edges: &edges,
+            },
+        ),
     ];
-    for (name, op) in cases {
+    for (table, name, op) in cases {
         let s = best(rounds, || {
-            t.with_partition("t", 0, 0, |v| black_box(run(&op, &v).unwrap()))
+            t.with_partition(table, 0, 0, |v| black_box(run(&op, &v).unwrap()))
                 .unwrap();
         });
         println!(

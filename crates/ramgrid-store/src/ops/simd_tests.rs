@@ -70,21 +70,6 @@ fn check(xs: &[f64]) -> Result<(), TestCaseError> {
                 b,
                 pred
             );
-            for edges in [
-                vec![-1.0, 0.0, 1.0],
-                (0..=16)
-                    .map(|i| -4.0 + f64::from(i) * 0.5)
-                    .collect::<Vec<_>>(),
-                (0..=10).map(|i| f64::from(i) / 10.0).collect(),
-            ] {
-                prop_assert_eq!(
-                    histogram_with(view, 0, pred.as_ref(), &edges, true),
-                    histogram_with(view, 0, pred.as_ref(), &edges, false),
-                    "edges {:?} pred {:?}",
-                    edges,
-                    pred
-                );
-            }
             for k in [1, 3, xs.len() + 1] {
                 for largest in [true, false] {
                     let (a, b) = (
@@ -100,7 +85,85 @@ fn check(xs: &[f64]) -> Result<(), TestCaseError> {
             }
         }
         Ok(())
+    })?;
+    for edges in edge_sets() {
+        check_histogram(xs, &edges)?;
+    }
+    Ok(())
+}
+
+/// The edges the histogram kernels are tried with: 16 bins and fewer (counted in 4-bit fields),
+/// more (counted in rows), edges that are not exact multiples of their spacing (0.1), edges moved
+/// off even spacing by less than the kernel tolerates, edges far from 0 relative to their spacing.
+fn edge_sets() -> Vec<Vec<f64>> {
+    let lin = |first: f64, width: f64, bins: u32| -> Vec<f64> {
+        (0..=bins).map(|i| first + width * f64::from(i)).collect()
+    };
+    let mut moved = lin(0.0, 0.125, 8);
+    for (i, e) in moved.iter_mut().enumerate().skip(1).take(7) {
+        *e += if i % 2 == 0 { 0.9e-9 } else { -0.9e-9 } * 0.125;
+    }
+    vec![
+        vec![-1.0, 0.0, 1.0],
+        lin(-4.0, 0.5, 16),
+        lin(-4.0, 0.5, 15),
+        (0..=10).map(|i| f64::from(i) / 10.0).collect(),
+        lin(-4.0, 0.2, 40),
+        moved,
+        lin(1e6, 0.25, 16),
+    ]
+}
+
+/// numpy's histogram by its definition: a value's bin is the last edge at or below it, the last
+/// edge closing the last bin; values outside the edges (and NaN) are not counted.
+fn by_definition(xs: &[f64], pred: Option<&Range>, edges: &[f64]) -> Vec<u64> {
+    let bins = edges.len() - 1;
+    let mut counts = vec![0; bins];
+    for &x in xs {
+        let selected = pred.is_none_or(|r| x >= r.lo && x < r.hi);
+        if selected && x >= edges[0] && x <= edges[bins] {
+            let b = edges.iter().filter(|&&e| e <= x).count() - 1;
+            counts[b.min(bins - 1)] += 1;
+        }
+    }
+    counts
+}
+
+/// The intrinsics kernel and the scalar loop both count as [`by_definition`], with each predicate.
+fn check_histogram(xs: &[f64], edges: &[f64]) -> Result<(), TestCaseError> {
+    with_view(xs, |view| {
+        for pred in predicates(xs) {
+            let want = by_definition(xs, pred.as_ref(), edges);
+            for simd in [true, false] {
+                prop_assert_eq!(
+                    histogram_with(view, 0, pred.as_ref(), edges, simd),
+                    want.clone(),
+                    "simd {} edges {:?} pred {:?}",
+                    simd,
+                    edges,
+                    pred
+                );
+            }
+        }
+        Ok(())
     })
+}
+
+/// Each edge, its neighbours one ulp away and a little further (where an estimate by arithmetic
+/// may land on the wrong side), the middles of the bins, and values beyond the ends.
+fn around_edges(edges: &[f64]) -> Vec<f64> {
+    let width = edges[1] - edges[0];
+    let mut xs = vec![edges[0] - width, edges[edges.len() - 1] + width];
+    for w in edges.windows(2) {
+        xs.push((w[0] + w[1]) / 2.0);
+    }
+    for &e in edges {
+        for d in [1e-9, 3e-10, 1e-12] {
+            xs.extend([e - d * width, e + d * width]);
+        }
+        xs.extend([e, e.next_down(), e.next_up()]);
+    }
+    xs
 }
 
 const SPECIAL: [f64; 10] = [
@@ -125,6 +188,42 @@ fn every_length_up_to_three_blocks_of_the_special_values() {
                 .map(|i| SPECIAL[(i + shift) % SPECIAL.len()])
                 .collect();
             check(&xs).unwrap();
+        }
+    }
+}
+
+#[test]
+fn values_on_and_next_to_the_edges_of_each_edge_set() {
+    let mut sets = edge_sets();
+    sets.push((0..=1000).map(|i| -2.0 + f64::from(i) / 250.0).collect());
+    for edges in sets {
+        let xs = around_edges(&edges);
+        // Every offset into the blocks of four and eight values.
+        for skip in 0..8 {
+            check_histogram(&xs[skip..], &edges).unwrap();
+        }
+    }
+}
+
+#[test]
+fn long_runs_of_one_bin_and_of_values_counted_nowhere() {
+    // Thousands of increments of one count (the kernel's small counters spill into wider ones
+    // every so often: one too many would wrap), with every tail length after them.
+    let edges: Vec<f64> = (0..=16).map(|i| -4.0 + f64::from(i) * 0.5).collect();
+    for x in [
+        0.25,
+        -3.75,
+        3.75,
+        4.0,
+        -4.0,
+        5.0,
+        -5.0,
+        f64::NAN,
+        f64::INFINITY,
+    ] {
+        for n in [2999, 3000, 3001, 3004, 3007] {
+            check_histogram(&vec![x; n], &edges).unwrap();
+            check_histogram(&vec![x; n], &edges[..11]).unwrap();
         }
     }
 }
