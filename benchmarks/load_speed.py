@@ -14,7 +14,8 @@ Peers, per round, interleaved so that drift in the shared machine's load favours
   mean key and value length by ramgrid-bench's `load` workload (pipelined batches of sets, a native client), and
   with the corpus's own keys and values by pymemcache's set_many(noreply=True) from this process (Python-bound).
 ramgrid: `ramgrid.local(servers=--servers, threads=--server-threads)`, `Table.load(file, workers=--threads)` into
-a new table each round (dropped after), with the count of the loaded table checked.
+a new table each round (dropped after), with the count of the loaded table checked; with --reload, the same file
+again into that table (a new version beside the one the first load made: a periodic refresh).
 
     .venv/bin/python benchmarks/load_speed.py --out benchmarks/results/load_speed.txt
 """
@@ -68,6 +69,9 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--work", type=Path, default=Path("/tmp/ramgrid-load-bench"), help="where the files are cached")
     p.add_argument("--no-memcached", action="store_true", help="skip the memcached peers")
+    p.add_argument(
+        "--reload", action="store_true", help="also time a second load of each file into the table the first made"
+    )
     p.add_argument("--out", type=Path, help="also write the report here")
     p.add_argument(
         "--perf",
@@ -244,8 +248,9 @@ def memcached_pymemcache(a: argparse.Namespace, keys: list[bytes], values: list[
     return run
 
 
-def ramgrid_load(grid: Any, path: Path, rows: int, threads: int, name: str) -> Run:
-    """`Table.load` of `path` into a new table (dropped after): wall seconds, CPU of this process and the servers."""
+def ramgrid_load(grid: Any, path: Path, rows: int, threads: int, name: str, keep: bool = False) -> Run:
+    """`Table.load` of `path` into table `name` (a new table, or a new version of it if it exists), dropped after
+    unless `keep`: wall seconds, CPU of this process and the servers."""
 
     def load() -> None:
         report = grid.table(name).load(path, value_type="i64", progress=False, workers=threads, partitions=64)
@@ -255,7 +260,8 @@ def ramgrid_load(grid: Any, path: Path, rows: int, threads: int, name: str) -> R
     run = measured(load, pids=grid.pids)
     if grid.table(name).count() != rows:
         raise RuntimeError(f"{name}: the table counts {grid.table(name).count()} rows, not {rows}")
-    grid.drop_table(name)
+    if not keep:
+        grid.drop_table(name)
     return run
 
 
@@ -326,7 +332,14 @@ def main() -> int:
         for r in range(a.rounds):
             for fmt in formats:
                 runs[f"pyarrow {fmt}"].append(measured(pyarrow_read, fmt, files[fmt]))
-                runs[f"ramgrid {fmt}"].append(ramgrid_load(grid, files[fmt], n, a.threads, f"load_{fmt}_{r}"))
+                runs[f"ramgrid {fmt}"].append(ramgrid_load(grid, files[fmt], n, a.threads, f"load_{fmt}_{r}", True))
+                if a.reload:
+                    # The same file again: a new version of the table the load above made, as a periodic refresh.
+                    runs[f"ramgrid {fmt} reload"].append(
+                        ramgrid_load(grid, files[fmt], n, a.threads, f"load_{fmt}_{r}")
+                    )
+                else:
+                    grid.drop_table(f"load_{fmt}_{r}")
             if bench is not None:
                 runs["memcached ramgrid-bench"].append(memcached_native(a, bench, n, key_size, value_size))
                 runs["memcached pymemcache"].append(memcached_pymemcache(a, keys, values))
@@ -356,14 +369,17 @@ def main() -> int:
         "ramgrid load against pyarrow parsing the same file (time ratio, target <= 2) and memcached's set rate (target >= 4):"
     )
     for fmt in formats:
-        line = (
-            f"  {fmt:<8} {ratio(f'ramgrid {fmt}', f'pyarrow {fmt}'):5.2f}x pyarrow's time"
-            f" ({ratio(f'ramgrid {fmt}', f'pyarrow {fmt}', 'cpu'):4.2f}x its CPU)"
-        )
-        for peer in ("memcached ramgrid-bench", "memcached pymemcache"):
-            if peer in runs:
-                line += f"; {ratio(peer, f'ramgrid {fmt}'):5.2f}x the rate of {peer}"
-        say(line)
+        for what in (f"ramgrid {fmt}", f"ramgrid {fmt} reload"):
+            if what not in runs:
+                continue
+            line = (
+                f"  {what[8:]:<15} {ratio(what, f'pyarrow {fmt}'):5.2f}x pyarrow's time"
+                f" ({ratio(what, f'pyarrow {fmt}', 'cpu'):4.2f}x its CPU)"
+            )
+            for peer in ("memcached ramgrid-bench", "memcached pymemcache"):
+                if peer in runs:
+                    line += f"; {ratio(peer, what):5.2f}x the rate of {peer}"
+            say(line)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text("\n".join(LINES) + "\n")

@@ -365,6 +365,19 @@ impl Index {
         }
     }
 
+    /// An empty index of `buckets` buckets: room for `buckets * 8` keys before it grows.
+    pub(crate) fn with_buckets(buckets: usize) -> Self {
+        Index {
+            buckets: vec![Bucket::default(); buckets],
+            ..Index::new()
+        }
+    }
+
+    /// The buckets a sealed index of `keys` keys has (see [`Index::fitted_buckets`]).
+    pub(crate) fn fitted_for(keys: usize) -> usize {
+        keys.div_ceil(SHRINK_LOAD).max(1)
+    }
+
     /// Keys in the index.
     pub(crate) fn len(&self) -> usize {
         self.len
@@ -536,7 +549,7 @@ impl Index {
     /// The fewest buckets that keep the load at [`SHRINK_LOAD`], if that is fewer than now (what
     /// a sealed partition's index is rebuilt with).
     pub(crate) fn fitted_buckets(&self) -> Option<usize> {
-        let want = self.len.div_ceil(SHRINK_LOAD).max(1);
+        let want = Self::fitted_for(self.len);
         (want < self.buckets.len()).then_some(want)
     }
 

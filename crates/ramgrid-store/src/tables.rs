@@ -314,6 +314,16 @@ impl Version {
         })
     }
 
+    /// Make room in each partition for what `like`'s sealed partition of the same number holds
+    /// (see [`PartData::reserve_like`]), as far as the budget takes it.
+    fn reserve_like(&mut self, like: &Version) {
+        for (slot, like) in self.parts.iter_mut().zip(like.parts.iter()) {
+            if let (Some(data), Some(like)) = (slot.open.get_mut(), like.frozen.get()) {
+                data.reserve_like(like);
+            }
+        }
+    }
+
     fn info(&self) -> VersionInfo {
         let (mut items, mut bytes) = (0u64, self.overhead as u64);
         for slot in self.parts.iter() {
@@ -556,6 +566,12 @@ impl Tables {
     }
 
     /// Create version `version` (> 0, not existing), OPEN and empty.
+    ///
+    /// Its partitions are given room, charged to the budget, for what the current version's
+    /// hold if the budget takes it (a load writes a new version that is usually about as large
+    /// as the one it replaces; see `PartData::reserve_like`): the load's writes then rehash no
+    /// keys to grow, and a seal of as many keys rebuilds no index. Unused room goes back at the
+    /// seal, or with the version if it is dropped.
     pub fn create_version(&self, name: &str, version: u32) -> Result<()> {
         if version == 0 {
             return Err(Error::Invalid(
@@ -563,20 +579,37 @@ impl Tables {
             ));
         }
         let table = self.table(name)?;
+        let check = |st: &TableState| {
+            if st.versions.contains_key(&version) {
+                return Err(Error::VersionExists(version));
+            }
+            // A dropped version's number is never given to new contents: a reader (or near
+            // cache) holding that number could otherwise mix the two.
+            if version <= st.high_water {
+                return Err(Error::VersionNumberUsed {
+                    version,
+                    high_water: st.high_water,
+                });
+            }
+            Ok(())
+        };
+        // The room is made outside the table's lock (zeroing an index of millions of keys
+        // takes milliseconds), and the checks are made again under it.
+        let like = {
+            let st = table.state.read();
+            check(&st)?;
+            st.versions
+                .get(&st.current)
+                .filter(|v| v.sealed.load(Ordering::Acquire))
+                .cloned()
+        };
+        let mut v = Version::new(version, &table.spec, &self.meter)?;
+        if let Some(like) = like {
+            v.reserve_like(&like);
+        }
         let mut st = table.state.write();
-        if st.versions.contains_key(&version) {
-            return Err(Error::VersionExists(version));
-        }
-        // A dropped version's number is never given to new contents: a reader (or near cache)
-        // holding that number could otherwise mix the two.
-        if version <= st.high_water {
-            return Err(Error::VersionNumberUsed {
-                version,
-                high_water: st.high_water,
-            });
-        }
-        let v = Arc::new(Version::new(version, &table.spec, &self.meter)?);
-        st.versions.insert(version, v);
+        check(&st)?;
+        st.versions.insert(version, Arc::new(v));
         st.high_water = version;
         Ok(())
     }

@@ -104,3 +104,105 @@ fn a_seal_on_several_threads_is_the_seal_on_one() {
         "items after the deletes"
     );
 }
+
+/// An i64 table whose current version 1 holds keys `0..n` and is sealed.
+fn loaded(limit: usize, n: usize) -> Tables {
+    let t = Tables::new(TablesConfig {
+        memory_limit: limit,
+        max_value_size: 1 << 10,
+    });
+    let spec = TableSpec {
+        name: "r".into(),
+        partitions: 4,
+        replication: 1,
+        value_type: ValueType::I64,
+        durability: Durability::Memory,
+        incarnation: 1,
+    };
+    t.create_table(spec, &[0, 1, 2, 3]).unwrap();
+    put_all(&t, 1, n, 0);
+    t.seal_version("r", 1).unwrap();
+    t
+}
+
+fn put_all(t: &Tables, version: u32, n: usize, add: i64) {
+    let mut st = Vec::new();
+    for p in 0..4u32 {
+        let keys: Vec<Vec<u8>> = (p as usize..n).step_by(4).map(key).collect();
+        t.put_batch(
+            "r",
+            version,
+            p,
+            keys.iter()
+                .map(|k| (&k[..], ValueRef::I64(k.len() as i64 + add))),
+            &mut st,
+        )
+        .unwrap();
+    }
+    assert!(st.iter().all(|&s| s == KeyStatus::Ok as u8));
+}
+
+fn bytes_of(t: &Tables, version: u32) -> usize {
+    let info = t.describe("r").unwrap();
+    let v = info.versions.iter().find(|v| v.number == version).unwrap();
+    v.bytes as usize
+}
+
+#[test]
+fn a_new_version_has_room_for_what_the_current_one_holds_and_gives_back_what_it_leaves() {
+    let n = 20_000;
+    let t = loaded(1 << 30, n);
+    let sealed = bytes_of(&t, 1);
+    // Version 2 starts with room for version 1's keys, charged.
+    t.create_version("r", 2).unwrap();
+    let reserved = bytes_of(&t, 2);
+    assert!(reserved >= sealed * 9 / 10, "{reserved} of {sealed}");
+    assert_eq!(t.memory_used(), sealed + reserved);
+    // As many keys again: nothing grows, and the seal leaves exactly what version 1 has.
+    put_all(&t, 2, n, 1);
+    assert_eq!(bytes_of(&t, 2), reserved);
+    t.seal_version("r", 2).unwrap();
+    assert_eq!(bytes_of(&t, 2), sealed);
+    let v2 = t.at("r", 2).unwrap();
+    for i in (0..n).step_by(97) {
+        let (mut st, mut vals) = (Vec::new(), Vec::new());
+        v2.get_batch((i % 4) as u32, [&key(i)[..]], &mut st, &mut vals)
+            .unwrap();
+        assert_eq!(st, [KeyStatus::Ok as u8]);
+        assert_eq!(vals, (key(i).len() as i64 + 1).to_le_bytes());
+    }
+    // A smaller load into the next version: the seal gives the unused room back.
+    t.set_current("r", 2).unwrap();
+    t.create_version("r", 3).unwrap();
+    put_all(&t, 3, n / 10, 0);
+    t.seal_version("r", 3).unwrap();
+    assert!(
+        bytes_of(&t, 3) < sealed / 4,
+        "{} of {sealed}",
+        bytes_of(&t, 3)
+    );
+    // Dropping an open version with room gives it all back.
+    t.create_version("r", 4).unwrap();
+    let before = t.memory_used();
+    t.drop_version("r", 4, false).unwrap();
+    assert!(t.memory_used() < before);
+    assert_eq!(
+        t.memory_used(),
+        bytes_of(&t, 1) + bytes_of(&t, 2) + bytes_of(&t, 3)
+    );
+}
+
+#[test]
+fn no_room_is_made_that_the_budget_cannot_take() {
+    let limit = 1 << 30;
+    let t = loaded(limit, 20_000);
+    // Leave the budget room for a version's slot array, not for a copy of version 1's data.
+    let outside = limit - t.memory_used() - (64 << 10);
+    assert!(t.try_charge_outside(outside));
+    t.create_version("r", 2).unwrap();
+    assert!(bytes_of(&t, 2) < 64 << 10, "{}", bytes_of(&t, 2));
+    put_all(&t, 2, 100, 0);
+    t.seal_version("r", 2).unwrap();
+    t.release_outside(outside);
+    assert_eq!(t.memory_used(), bytes_of(&t, 1) + bytes_of(&t, 2));
+}

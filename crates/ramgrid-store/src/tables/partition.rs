@@ -280,6 +280,51 @@ impl PartData {
         }
     }
 
+    /// Make room, charged to the budget, for as many keys, key bytes and values as `like`
+    /// holds, if this partition is empty and the budget takes it all (nothing happens
+    /// otherwise). A load's new version is usually about as large as the version it replaces:
+    /// room made up front saves the growth steps, each of which rehashes every key, and if the
+    /// load writes as many keys the seal finds the index already at its sealed size and
+    /// rebuilds nothing. Room a smaller load leaves unused is given back at the seal.
+    pub(crate) fn reserve_like(&mut self, like: &PartData) {
+        let n = like.len();
+        if n == 0 || self.len() > 0 || self.charged > 0 {
+            return;
+        }
+        let buckets = Index::fitted_for(n);
+        let col = match &like.col {
+            Column::I64(v) => v.len() * 8,
+            Column::F64(v) => v.len() * 8,
+            Column::F32 { data, .. } => data.len() * 4,
+            Column::Bytes { arena, offs, .. } => arena.len() + offs.len() * 8,
+        };
+        let bytes = like.keys.len() + n * 4 + Index::bytes_of(buckets) + col;
+        if !self.meter.try_charge(bytes) {
+            return;
+        }
+        self.keys.reserve_exact(like.keys.len());
+        self.key_offs.reserve_exact(n);
+        match (&mut self.col, &like.col) {
+            (Column::I64(v), Column::I64(l)) => v.reserve_exact(l.len()),
+            (Column::F64(v), Column::F64(l)) => v.reserve_exact(l.len()),
+            (Column::F32 { data, .. }, Column::F32 { data: l, .. }) => data.reserve_exact(l.len()),
+            (
+                Column::Bytes { arena, offs, .. },
+                Column::Bytes {
+                    arena: la,
+                    offs: lo,
+                    ..
+                },
+            ) => {
+                arena.reserve_exact(la.len());
+                offs.reserve_exact(lo.len());
+            }
+            _ => {} // partitions of one table share its value type
+        }
+        self.index = Index::with_buckets(buckets);
+        self.settle(bytes);
+    }
+
     /// A partition made of parts that `crate::image` validated, with `charged_ahead` bytes
     /// already taken from `meter` for them (settled against what they really allocated).
     pub(crate) fn from_parts(
