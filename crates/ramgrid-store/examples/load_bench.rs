@@ -38,12 +38,12 @@ fn main() {
     let part = |k: &[u8]| (k.iter().fold(0u32, |h, &b| h.wrapping_mul(31) ^ b as u32)) % PARTITIONS;
     for version in [1, 2] {
         let what = if version == 1 { "load  " } else { "reload" };
+        let used = tables.memory_used();
         if version > 1 {
             // A new version beside the current one: made with room for what that one holds.
             tables.set_current("t", version - 1).expect("current");
             tables.create_version("t", version).expect("version");
         }
-        let used = tables.memory_used();
         let t0 = Instant::now();
         for chunk in keys.chunks(BATCH) {
             let mut groups: Vec<Vec<&[u8]>> = vec![Vec::new(); PARTITIONS as usize];
