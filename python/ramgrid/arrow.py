@@ -155,7 +155,7 @@ class _Arrow:
     ) -> list[pa.RecordBatch] | None:
         """The batches of `partitions` (in order) read from this process's shared-memory mappings of a pinned
         version, a partition that is not mapped scanned over TCP; None, with nothing read, when nothing can be read
-        from the mappings now (not a PinnedTable that maps anything, or detached)."""
+        from the mappings now (not a PinnedTable that maps anything, detached, a forked child)."""
         if not getattr(self, "_attached", False):
             return None
         import pyarrow as pa

@@ -4,6 +4,7 @@ stream read by DuckDB, polars and pandas, checked against numpy over the values 
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -313,3 +314,20 @@ def test_shm_columns_refuses_buffers_it_cannot_write_alone(shm_dir: Path) -> Non
         # A partition beyond the table's: not mapped.
         rows = _native.shm_columns(c, "alloc", p.version, p.incarnation, [1, 7], pa.allocate_buffer)
         assert rows is not None and rows[0] is not None and rows[1] is None
+
+
+def test_a_forked_child_reads_over_its_own_client(shm_dir: Path) -> None:
+    with _shm_grid(shm_dir, servers=1) as g:
+        t, want = _sealed(g, "forked", "i64")
+        p = t.pin(shared_memory=True)
+        at = p.to_arrow()
+        pid = os.fork()
+        if pid == 0:  # the child: a client of its own, which maps nothing: over TCP, the same table
+            code = 1
+            try:
+                code = 0 if _equal(p.to_arrow(), at) and _same_items(_as_dict(at), want) else 1
+            finally:
+                os._exit(code)  # never back into pytest, whatever happened
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert _equal(_no_scans(p).to_arrow(), at)
