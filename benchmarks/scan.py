@@ -8,8 +8,8 @@ One local server (`ramgrid.local(servers=1)`), an f64 table of N items (int64 ke
 - `to_arrow()` beside pyarrow reading a Parquet file of the same keys and values, DuckDB summing that file, and
   DuckDB summing the `to_arrow()` result and the table object itself (its Arrow C stream);
 - the same version pinned: `PinnedTable.to_arrow()` read from the server's shared-memory segments (the partitions
-  mapped in this process, docs/shared-memory.md), and over TCP (`pin(shared_memory=False)`), and DuckDB over the
-  pinned table's C stream.
+  mapped in this process, docs/shared-memory.md), and over TCP (`pin(shared_memory=False)`), the same with the
+  filter's `where`, and DuckDB over the pinned table's C stream.
 
 The table is loaded as one sealed version (`new_version()`), so that it can be pinned and mapped.
 
@@ -88,6 +88,8 @@ def main() -> None:
             t_pq = best(lambda: pq.read_table(path))
             t_shm = best(lambda: pinned.to_arrow())
             t_pin_tcp = best(lambda: pinned_tcp.to_arrow())
+            t_shm_where = best(lambda: pinned.to_arrow(where=(lo, hi)))
+            t_tcp_where = best(lambda: pinned_tcp.to_arrow(where=(lo, hi)))
             shm_sum = float(pa.compute.sum(pinned.to_arrow().column("value")).as_py())
             t_duck_pq = best(lambda: duckdb.sql(f"select sum(value) from '{path}'").fetchall())
             arrow_table = t.to_arrow()
@@ -127,6 +129,8 @@ def main() -> None:
     print(f"{'PinnedTable.to_arrow(), shared memory':44} {ns(t_shm):8.2f} ns/item  ({t_shm / t_pq:.2f}x pyarrow)")
     print(f"{'PinnedTable.to_arrow(), TCP':44} {ns(t_pin_tcp):8.2f} ns/item  ({t_pin_tcp / t_pq:.2f}x pyarrow)")
     print(f"{'DuckDB sum(value) over the PinnedTable':44} {ns(t_duck_pinned):8.2f} ns/item")
+    print(f"{'PinnedTable.to_arrow(where=~10 %), shm':44} {ns(t_shm_where):8.2f} ns/item")
+    print(f"{'PinnedTable.to_arrow(where=~10 %), TCP':44} {ns(t_tcp_where):8.2f} ns/item")
     print(
         f"sum of the shared-memory table's values: {shm_sum!r}; equal to 1e-9: {abs(shm_sum - vals.sum()) <= 1e-9 * n}"
     )

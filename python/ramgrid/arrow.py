@@ -11,7 +11,9 @@ when the call starts; `to_arrow`'s parallel scans all read the version it pins f
 A `PinnedTable` whose partitions this process maps from servers on its host (docs/shared-memory.md) is read from the
 mappings instead, with no request: the native module gathers the keys (and bytes values) of several partitions at once
 with the GIL released, and numeric and vector values are the mapped bytes themselves, not copied (such a table keeps
-the mapping alive while it lives). Partitions not mapped, and every call with `where=`, are scanned over TCP.
+the mapping alive while it lives). `where=` is tested here, on the mapped values, exactly as the servers test it
+(`lo <= x < hi`, `x` the value or vector component as a float64); a predicate that does not fit the table (bytes
+values, a component out of range) goes to the servers, which refuse it. Partitions not mapped are scanned over TCP.
 
     import duckdb, polars as pl
     t = grid.table("words")
@@ -26,6 +28,8 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from ramgrid.ops import _where
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -101,16 +105,67 @@ def _mapped_values(n: int, values: Any, typ: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(typ, n, [None, buf])
 
 
-def _mapped_batches(column: tuple[int, int, Any, Any], sch: pa.Schema, chunk_items: int) -> list[pa.RecordBatch]:
-    """One mapped partition's columns as batches of at most `chunk_items` rows (slices of one batch, no copy)."""
+def _local_where(pred: tuple[int, float, float] | None, typ: pa.DataType) -> bool:
+    """Whether `pred` (component, lo, hi) can be tested here as the servers test it: on a numeric column it fits."""
+    import pyarrow as pa
+
+    if pred is None:
+        return True
+    if isinstance(typ, pa.FixedSizeListType):
+        return pred[0] < int(typ.list_size)
+    return pred[0] == 0 and bool(pa.types.is_float64(typ) or pa.types.is_int64(typ))
+
+
+def _selected(n: int, values: Any, typ: pa.DataType, pred: tuple[int, float, float]) -> np.ndarray:
+    """The servers' predicate over mapped values: `lo <= x < hi` with `x` the value (or vector component) as a
+    float64, as `ops::Col::get` makes it (an int64 rounded to the nearest double); NaN is never selected."""
+    import pyarrow as pa
+
+    comp, lo, hi = pred
+    if isinstance(typ, pa.FixedSizeListType):
+        x = np.frombuffer(values, dtype="<f4").reshape(n, typ.list_size)[:, comp].astype(np.float64)
+    elif pa.types.is_int64(typ):
+        x = np.frombuffer(values, dtype="<i8").astype(np.float64)
+    else:
+        x = np.frombuffer(values, dtype="<f8")
+    return np.asarray((x >= lo) & (x < hi))
+
+
+def _mapped_batches(
+    column: tuple[int, int, Any, Any],
+    sch: pa.Schema,
+    chunk_items: int,
+    typ: pa.DataType,
+    pred: tuple[int, float, float] | None = None,
+) -> list[pa.RecordBatch]:
+    """One mapped partition's columns (values of type `typ`) as batches of at most `chunk_items` rows: slices of one
+    batch, with no copy; with `pred`, of the rows it selects (copied out, in entry order)."""
     import pyarrow as pa
 
     _partition, n, keys, values = column
     if n == 0:
         return []
-    arrays = [_binary(n, *keys) if f.name == "key" else _mapped_values(n, values, f.type) for f in sch]
+    arrays = [_binary(n, *keys) if f.name == "key" else _mapped_values(n, values, typ) for f in sch]
     batch = pa.RecordBatch.from_arrays(arrays, schema=sch)
+    if pred is not None:
+        batch = batch.filter(pa.array(_selected(n, values, typ, pred)))
+        n = batch.num_rows
     return [batch.slice(i, chunk_items) for i in range(0, n, chunk_items)]
+
+
+def _scanned(it: Any, sch: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The chunks of a native scan (`_native.scan`: keys and bytes values as (offsets, data) arrays) as batches."""
+    import pyarrow as pa
+
+    def binary(offsets: np.ndarray, data: np.ndarray) -> pa.Array:
+        bufs = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+        return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(offsets) - 1, bufs)
+
+    try:
+        for _partition, offsets, data, values in it:
+            yield record_batch(binary(offsets, data), binary(*values) if isinstance(values, tuple) else values, sch)
+    finally:
+        it.close()
 
 
 def record_batch(keys: pa.Array, values: Any, sch: pa.Schema) -> pa.RecordBatch:
@@ -151,17 +206,27 @@ class _Arrow:
         return schema(vt, dim, columns)
 
     def _mapped(
-        self, sch: pa.Schema, partitions: list[int], chunk_items: int, threads: int
+        self,
+        sch: pa.Schema,
+        partitions: list[int],
+        chunk_items: int,
+        threads: int,
+        pred: tuple[int, float, float] | None = None,
     ) -> list[pa.RecordBatch] | None:
         """The batches of `partitions` (in order) read from this process's shared-memory mappings of a pinned
-        version, a partition that is not mapped scanned over TCP; None, with nothing read, when nothing can be read
-        from the mappings now (not a PinnedTable that maps anything, detached, a forked child)."""
+        version (the rows `pred` selects, if given), a partition that is not mapped scanned over TCP; None, with
+        nothing read, when nothing can be read from the mappings now (not a PinnedTable that maps anything, detached,
+        a forked child) or `pred` cannot be tested here (the servers then say why)."""
         if not getattr(self, "_attached", False):
             return None
         import pyarrow as pa
 
         from ramgrid import _native
 
+        vt, dim = self._client().value_type(self.name)
+        typ = value_type(vt, dim)
+        if not _local_where(pred, typ):
+            return None
         names = sch.names
         cols = _native.shm_columns(
             self._client(),
@@ -171,7 +236,7 @@ class _Arrow:
             partitions,
             pa.allocate_buffer,  # pyarrow's memory pool: it keeps its pages between calls, as for pyarrow's readers
             "key" in names,
-            "value" in names,
+            "value" in names or pred is not None,
             threads,
         )
         if cols is None:
@@ -179,10 +244,12 @@ class _Arrow:
         out: list[pa.RecordBatch] = []
         for p, c in zip(partitions, cols):
             if c is not None:
-                out.extend(_mapped_batches(c, sch, chunk_items))
+                out.extend(_mapped_batches(c, sch, chunk_items, typ, pred))
                 continue
-            with self.scan(chunk_items, partitions=(p, p + 1)) as chunks:
-                out.extend(record_batch(keys, values, sch) for keys, values in chunks)
+            it = _native.scan(
+                self._client(), self.name, self._read_version, self._read_incarnation, pred, chunk_items, 8, (p, p + 1)
+            )
+            out.extend(_scanned(it, sch))
         return out
 
     def to_batches(
@@ -190,29 +257,41 @@ class _Arrow:
     ) -> Iterator[pa.RecordBatch]:
         """The table's items (those whose value satisfies `where`, as `filter` takes it) as Arrow record batches of
         at most `chunk_items` rows, one partition's items at a time, in partition order. A PinnedTable's mapped
-        partitions are read from shared memory (without `where`), a few partitions at a time as they are consumed."""
+        partitions are read from shared memory, a few partitions at a time as they are consumed."""
         if int(chunk_items) < 1:
             raise ValueError("chunk_items must be at least 1")
         sch = self.arrow_schema(columns)
+        pred = _where(where)
         start = 0
-        if where is None and getattr(self, "_attached", False):
+        if getattr(self, "_attached", False):
             parts = self._client().partitions(self.name)
             step = max(1, os.cpu_count() or 1)
             while start < parts:
                 window = list(range(start, min(parts, start + step)))
-                got = self._mapped(sch, window, int(chunk_items), len(window))
+                got = self._mapped(sch, window, int(chunk_items), len(window), pred)
                 if got is None:
-                    break  # no longer readable from the mappings: the rest over TCP
+                    break  # not (or no longer) readable from the mappings: the rest over TCP
                 yield from got
                 start += len(window)
             if start >= parts:
                 return
-        if where is not None:
-            chunks = self.filter(where, chunk_items)
-        elif start:
-            chunks = self.scan(chunk_items, partitions=(start, self._client().partitions(self.name)))
-        else:
-            chunks = self.scan(chunk_items)
+        if start:
+            from ramgrid import _native
+
+            parts = self._client().partitions(self.name)
+            it = _native.scan(
+                self._client(),
+                self.name,
+                self._read_version,
+                self._read_incarnation,
+                pred,
+                int(chunk_items),
+                8,
+                (start, parts),
+            )
+            yield from _scanned(it, sch)
+            return
+        chunks = self.scan(chunk_items) if where is None else self.filter(where, chunk_items)
         with chunks:
             for keys, values in chunks:
                 yield record_batch(keys, values, sch)
@@ -228,18 +307,18 @@ class _Arrow:
         (or those named in `columns`); see the module for the types. Built from the scan's buffers: no Python
         object per item. `threads` scans of disjoint partition ranges run at once (the native scan releases the
         GIL), so the servers' passes, the transfers and the decoding overlap; batches come in partition order.
-        A PinnedTable's mapped partitions are read from shared memory instead (without `where`), on `threads`
-        threads at most (no more than the cores), numbers and vectors in place (see the module)."""
+        A PinnedTable's mapped partitions are read from shared memory instead, on `threads` threads at most (no more
+        than the cores), numbers and vectors in place, `where` tested here as the servers test it (see the
+        module)."""
         import pyarrow as pa
 
         if int(chunk_items) < 1:
             raise ValueError("chunk_items must be at least 1")
         sch = self.arrow_schema(columns)
         parts = self._client().partitions(self.name)
-        if where is None:
-            mapped = self._mapped(sch, list(range(parts)), int(chunk_items), max(1, int(threads)))
-            if mapped is not None:
-                return pa.Table.from_batches(mapped, schema=sch)
+        mapped = self._mapped(sch, list(range(parts)), int(chunk_items), max(1, int(threads)), _where(where))
+        if mapped is not None:
+            return pa.Table.from_batches(mapped, schema=sch)
         k = max(1, min(int(threads), parts))
         if where is not None or k == 1:
             return pa.Table.from_batches(list(self.to_batches(where, columns, chunk_items)), schema=sch)

@@ -216,11 +216,14 @@ def test_a_mapped_pinned_table_comes_out_from_shared_memory_equal_to_tcp(shm_dir
         assert duckdb.sql("select count(*) from local").fetchall()[0][0] == len(want)
         assert _equal(local.to_arrow(columns=["value"]), b.select(["value"]))
         assert _equal(local.to_arrow(columns="key", threads=1), b.select(["key"]))
-        # A where clause is evaluated on the servers: that handle scans, with the same answer as TCP's.
-        if value_type in ("f64", "i64"):
-            sel = t.pin(shared_memory=True).to_arrow(where=(100, 200))
-            assert sel.sort_by("key").equals(remote.to_arrow(where=(100, 200)).sort_by("key"))
-            assert sel.num_rows == sum(1 for v in want.values() if 100 <= v < 200)
+        # A where clause is tested on the mapped values: the servers' rows, in the same order.
+        if value_type != "bytes":
+            where: Any = (100, 200) if value_type in ("f64", "i64") else {"column": 1, "lo": 100, "hi": 200}
+            sel = local.to_arrow(where=where)
+            assert _equal(sel, remote.to_arrow(where=where)) and sel.num_rows > 0
+            assert _equal(
+                pa.Table.from_batches(list(local.to_batches(where=where, columns=["key"]))), sel.select(["key"])
+            )
         # An empty table maps nothing, and comes out as over TCP.
         e = g.create_table("e", partitions=4, value_type=value_type)
         with e.new_version():
@@ -230,7 +233,11 @@ def test_a_mapped_pinned_table_comes_out_from_shared_memory_equal_to_tcp(shm_dir
         assert pe.to_arrow().schema == remote.arrow_schema()
 
 
-def test_partitions_not_mapped_are_scanned_and_the_rest_read_in_place(shm_dir: Path) -> None:
+def test_partitions_not_mapped_are_scanned_and_the_rest_read_in_place(
+    shm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ramgrid import _native
+
     with _shm_grid(shm_dir) as g:
         t, want = _sealed(g, "mixed", "i64")
         # One server's socket gone (as a server on another host): its partitions stay on TCP.
@@ -239,20 +246,25 @@ def test_partitions_not_mapped_are_scanned_and_the_rest_read_in_place(shm_dir: P
         p = t.pin()
         mapped = p.describe()["shared_memory"]["mapped"]  # type: ignore[index]
         assert 0 < len(mapped) < 8
-        scanned: list[tuple[int, int]] = []
-        tcp_scan = p.scan
-
-        def scan(chunk_items: int = 65536, partitions: Any = None, **kw: Any) -> Any:
-            scanned.append(partitions)
-            return tcp_scan(chunk_items, partitions=partitions, **kw)
-
-        p.scan = scan  # type: ignore[method-assign]
         remote = t.pin(shared_memory=False)
-        assert _equal(p.to_arrow(), remote.to_arrow())
-        assert sorted(scanned) == [(q, q + 1) for q in range(8) if q not in mapped]
+        want_all, want_sel = remote.to_arrow(), remote.to_arrow(where=(0, 5000))
+        scanned: list[Any] = []
+        native_scan = _native.scan
+
+        def scan(*args: Any, **kwargs: Any) -> Any:
+            scanned.append(kwargs.get("partitions", args[7] if len(args) > 7 else None))
+            return native_scan(*args, **kwargs)
+
+        monkeypatch.setattr(_native, "scan", scan)
+        unmapped = [(q, q + 1) for q in range(8) if q not in mapped]
+        assert _equal(p.to_arrow(), want_all)
+        assert sorted(scanned) == unmapped
         scanned.clear()
-        assert _equal(pa.Table.from_batches(list(p.to_batches(chunk_items=100))), remote.to_arrow())
-        assert sorted(scanned) == [(q, q + 1) for q in range(8) if q not in mapped]
+        assert _equal(pa.Table.from_batches(list(p.to_batches(chunk_items=100))), want_all)
+        assert sorted(scanned) == unmapped
+        scanned.clear()
+        assert _equal(p.to_arrow(where=(0, 5000)), want_sel) and 0 < want_sel.num_rows < len(want)
+        assert sorted(scanned) == unmapped
         assert _same_items(_as_dict(p.to_arrow()), want)
 
 
@@ -331,3 +343,44 @@ def test_a_forked_child_reads_over_its_own_client(shm_dir: Path) -> None:
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         assert _equal(_no_scans(p).to_arrow(), at)
+
+
+def test_where_is_tested_on_the_mapped_values_as_the_servers_test_it(shm_dir: Path) -> None:
+    with _shm_grid(shm_dir, servers=1) as g:
+        f = g.create_table("wf", partitions=4, value_type="f64")
+        fv = np.array([np.nan, -np.inf, np.inf, -0.0, 0.0, 1.0, 1.5, 2.0, 5e-324, -1.0])
+        i = g.create_table("wi", partitions=4, value_type="i64")
+        iv = np.array([2**53, 2**53 + 1, 2**53 + 2, -(2**63), 2**63 - 1, 0, 7], dtype=np.int64)
+        v = g.create_table("wv", partitions=4, value_type=("f32vec", 2))
+        vv = np.array([[0, np.nan], [1, 1e30], [2, -1], [3, 0.5]], dtype=np.float32)
+        for t, vals in ((f, fv), (i, iv), (v, vv)):
+            with t.new_version() as w:
+                w.put_many(np.arange(len(vals), dtype=np.int64), vals)
+        cases: list[tuple[ramgrid.Table, Any]] = [
+            (f, (0.0, 2.0)),
+            (f, (None, None)),
+            (f, (-np.inf, 0)),
+            (f, (1.5, 1.5)),
+            (f, {"lo": 0.0}),
+            (i, (2**53 + 1, None)),  # the bound and the values as float64, as the servers compare them
+            (i, (None, 2**53 + 2)),
+            (i, (-(2**63), 0)),
+            (v, {"column": 1, "lo": -1, "hi": 1}),
+            (v, {"column": 1, "hi": np.inf}),
+            (v, {"column": 0, "lo": 3}),
+        ]
+        for t, where in cases:
+            local = _no_scans(t.pin(shared_memory=True))
+            want = t.pin(shared_memory=False).to_arrow(where=where)
+            assert _equal(local.to_arrow(where=where), want), (t.name, where)
+            assert _equal(pa.Table.from_batches(list(local.to_batches(where=where)), schema=want.schema), want)
+        # A predicate that does not fit the table goes to the servers, which refuse it as over TCP.
+        b = g.create_table("wb", partitions=2, value_type="bytes")
+        with b.new_version() as w:
+            w.put_many([1], [b"x"])
+        for t, where in ((v, {"column": 2}), (i, {"column": 1}), (b, (0, 1))):
+            with pytest.raises((ValueError, ramgrid.exceptions.RamgridError)) as over_tcp:
+                t.pin(shared_memory=False).to_arrow(where=where)
+            with pytest.raises((ValueError, ramgrid.exceptions.RamgridError)) as mapped:
+                t.pin(shared_memory=True).to_arrow(where=where)
+            assert type(mapped.value) is type(over_tcp.value) and str(mapped.value) == str(over_tcp.value)
