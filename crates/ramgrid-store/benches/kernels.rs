@@ -2,7 +2,8 @@
 //! streaming sum of the same values (the memory-bandwidth bound). The values are uniform on [0, 2);
 //! the histograms run again over normal values binned on `linspace(-4, 4, 17)`, as
 //! `benchmarks/operators.py` bins them (most values in a few middle bins, so the same counts are
-//! incremented again and again), and over values that all lie on edges. Prints figures, asserts nothing:
+//! incremented again and again), and over values that all lie on edges. Then the LR gradient and a
+//! k-means step over n / 50 rows of 1 KB (256 f32 features and a label), in ns per row. Prints figures, asserts nothing:
 //! `cargo bench -p ramgrid-store --bench kernels [-- N]`.
 
 use std::hint::black_box;
@@ -23,12 +24,18 @@ fn best(rounds: usize, mut f: impl FnMut()) -> f64 {
 
 /// A one-partition f64 table `name` holding `values`.
 fn load(t: &Tables, name: &str, values: &[f64]) {
+    let values: Vec<ValueRef<'_>> = values.iter().map(|&v| ValueRef::F64(v)).collect();
+    load_values(t, name, ValueType::F64, &values);
+}
+
+/// A one-partition table `name` of type `vt` holding `values`.
+fn load_values(t: &Tables, name: &str, vt: ValueType, values: &[ValueRef<'_>]) {
     t.create_table(
         TableSpec {
             name: name.into(),
             partitions: 1,
             replication: 1,
-            value_type: ValueType::F64,
+            value_type: vt,
             durability: Durability::Memory,
             incarnation: 1,
         },
@@ -42,9 +49,7 @@ fn load(t: &Tables, name: &str, values: &[f64]) {
             name,
             0,
             0,
-            ks.iter()
-                .map(|k| k.as_slice())
-                .zip(vs.iter().map(|&v| ValueRef::F64(v))),
+            ks.iter().map(|k| k.as_slice()).zip(vs.iter().copied()),
             &mut st,
         )
         .unwrap();
@@ -182,6 +187,69 @@ fn main() {
         });
         println!(
             "{name:<34} {:7.3} ns/value {:6.2}x the streaming sum",
+            ns(s),
+            s / stream
+        );
+    }
+    rows(&t, n / 50, &mut uniform, rounds);
+}
+
+/// The LR gradient and a k-means step over `m` rows of 256 f32 features and a label (1 KB), in
+/// ns per row, beside a streaming sum of the same floats in lanes.
+fn rows(t: &Tables, m: usize, uniform: &mut impl FnMut() -> f64, rounds: usize) {
+    const DIM: usize = 257;
+    let data: Vec<f32> = (0..m * DIM)
+        .map(|i| {
+            let x = uniform() as f32 * 2.0 - 1.0;
+            if i % DIM == DIM - 1 {
+                f32::from(x > 0.0)
+            } else {
+                x
+            }
+        })
+        .collect();
+    let bytes: Vec<Vec<u8>> = data
+        .chunks_exact(DIM)
+        .map(|r| r.iter().flat_map(|x| x.to_le_bytes()).collect())
+        .collect();
+    let values: Vec<ValueRef<'_>> = bytes.iter().map(|b| ValueRef::F32VecLe(b)).collect();
+    load_values(t, "rows", ValueType::F32Vec { dim: DIM as u32 }, &values);
+    let stream = best(rounds, || {
+        black_box(data.chunks_exact(16).fold([0f32; 16], |mut a, c| {
+            for (a, c) in a.iter_mut().zip(c) {
+                *a += c;
+            }
+            a
+        }));
+    });
+    let ns = |s: f64| s * 1e9 / m as f64;
+    println!("{m} rows of 256 f32 features and a label; best of {rounds}");
+    println!(
+        "{:<34} {:7.1} ns/row",
+        "streaming sum (Vec<f32>, lanes)",
+        ns(stream)
+    );
+    let weights: Vec<f64> = (0..DIM).map(|i| (i as f64 - 128.0) / 1000.0).collect();
+    let centroids: Vec<f64> = (0..8 * 256)
+        .map(|i| ((i * 37) % 101) as f64 / 50.0 - 1.0)
+        .collect();
+    let cases: Vec<(&str, Op<'_>)> = vec![
+        ("lr_gradient", Op::LrGradient { weights: &weights }),
+        (
+            "kmeans_step(k=8, 256 components)",
+            Op::KmeansStep {
+                components: 256,
+                centroids: &centroids,
+            },
+        ),
+    ];
+    for (name, op) in cases {
+        let s = best(rounds, || {
+            t.with_partition("rows", 0, 0, |v| black_box(run(&op, &v).unwrap()))
+                .unwrap();
+        });
+        println!(
+            "{name:<34} {:7.1} ns/row   {:6.2}x the streaming sum",
             ns(s),
             s / stream
         );

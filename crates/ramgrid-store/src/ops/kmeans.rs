@@ -2,7 +2,7 @@
 //! components; ties to the lower index), and per centroid the count and sum of its rows, with the
 //! summed squared distance (the inertia). The client divides sums by counts for the next centroids.
 
-use super::simd::{dispatch, dist2};
+use super::simd::{Lanes, Scalar};
 use crate::tables::PartitionView;
 
 /// `(counts, sums: k × components, inertia)` (`centroids` validated: k × components).
@@ -11,18 +11,50 @@ pub(crate) fn step(
     components: usize,
     centroids: &[f64],
 ) -> (Vec<u64>, Vec<f64>, f64) {
+    step_with(view, components, centroids, true)
+}
+
+/// [`step`], with the AVX2 and FMA loops where the CPU has them if `simd` (else the plain loops,
+/// the reference).
+pub(crate) fn step_with(
+    view: &PartitionView<'_>,
+    components: usize,
+    centroids: &[f64],
+    simd: bool,
+) -> (Vec<u64>, Vec<f64>, f64) {
     let dim = match view.value_type() {
         crate::tables::ValueType::F32Vec { dim } => dim as usize,
         _ => components,
     };
     let data = view.column_f32().unwrap_or_default();
-    kernel(data, dim, components, centroids)
+    #[cfg(target_arch = "x86_64")]
+    if let (true, Some(l)) = (simd, super::simd::Avx2Fma::detect()) {
+        // SAFETY: `l` exists only where the CPU has AVX2 and FMA.
+        return unsafe { wide(l, data, dim, components, centroids) };
+    }
+    body(Scalar, data, dim, components, centroids)
 }
 
-dispatch!(fn kernel(data: &[f32], dim: usize, c: usize, centroids: &[f64]) -> (Vec<u64>, Vec<f64>, f64) => body);
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn wide(
+    l: super::simd::Avx2Fma,
+    data: &[f32],
+    dim: usize,
+    c: usize,
+    centroids: &[f64],
+) -> (Vec<u64>, Vec<f64>, f64) {
+    body(l, data, dim, c, centroids)
+}
 
 #[inline(always)]
-fn body(data: &[f32], dim: usize, c: usize, centroids: &[f64]) -> (Vec<u64>, Vec<f64>, f64) {
+fn body(
+    l: impl Lanes,
+    data: &[f32],
+    dim: usize,
+    c: usize,
+    centroids: &[f64],
+) -> (Vec<u64>, Vec<f64>, f64) {
     let k = centroids.len() / c;
     let cent: Vec<f32> = centroids.iter().map(|&x| x as f32).collect();
     let mut counts = vec![0u64; k];
@@ -31,11 +63,24 @@ fn body(data: &[f32], dim: usize, c: usize, centroids: &[f64]) -> (Vec<u64>, Vec
     for row in data.chunks_exact(dim) {
         let x = &row[..c];
         let (mut best, mut bd) = (0usize, f32::INFINITY);
-        for (j, cj) in cent.chunks_exact(c).enumerate() {
-            let d = dist2(x, cj);
+        // Four centroids a pass over the row, then one by one; in index order either way, so
+        // ties go to the lower index.
+        let mut fours = cent.chunks_exact(4 * c);
+        for (q, cs) in (&mut fours).enumerate() {
+            let ds = l.dist2_4(x, [0, 1, 2, 3].map(|j| &cs[j * c..(j + 1) * c]));
+            for (j, d) in ds.into_iter().enumerate() {
+                if d < bd {
+                    bd = d;
+                    best = 4 * q + j;
+                }
+            }
+        }
+        let done = cent.len() / c / 4 * 4;
+        for (j, cj) in fours.remainder().chunks_exact(c).enumerate() {
+            let d = l.dist2(x, cj);
             if d < bd {
                 bd = d;
-                best = j;
+                best = done + j;
             }
         }
         counts[best] += 1;

@@ -6,7 +6,7 @@
 //! product and the gradient's accumulation run in f32 lanes (the rows are f32); the gradient is
 //! carried into f64 every [`FLUSH`] rows and the loss is summed in f64.
 
-use super::simd::{axpy, dispatch, dot};
+use super::simd::{Lanes, Scalar};
 use crate::tables::PartitionView;
 
 /// Rows accumulated in f32 before the gradient is added into its f64 sum.
@@ -14,16 +14,34 @@ const FLUSH: usize = 256;
 
 /// `(rows, summed loss, summed gradient: coefficients then intercept)` (`weights` validated).
 pub(crate) fn gradient(view: &PartitionView<'_>, weights: &[f64]) -> (u64, f64, Vec<f64>) {
-    let dim = weights.len();
-    let data = view.column_f32().unwrap_or_default();
-    debug_assert!(dim >= 2);
-    kernel(data, weights)
+    gradient_with(view, weights, true)
 }
 
-dispatch!(fn kernel(data: &[f32], weights: &[f64]) -> (u64, f64, Vec<f64>) => body);
+/// [`gradient`], with the AVX2 and FMA loops where the CPU has them if `simd` (else the plain
+/// loops, the reference).
+pub(crate) fn gradient_with(
+    view: &PartitionView<'_>,
+    weights: &[f64],
+    simd: bool,
+) -> (u64, f64, Vec<f64>) {
+    debug_assert!(weights.len() >= 2);
+    let data = view.column_f32().unwrap_or_default();
+    #[cfg(target_arch = "x86_64")]
+    if let (true, Some(l)) = (simd, super::simd::Avx2Fma::detect()) {
+        // SAFETY: `l` exists only where the CPU has AVX2 and FMA.
+        return unsafe { wide(l, data, weights) };
+    }
+    body(Scalar, data, weights)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn wide(l: super::simd::Avx2Fma, data: &[f32], weights: &[f64]) -> (u64, f64, Vec<f64>) {
+    body(l, data, weights)
+}
 
 #[inline(always)]
-fn body(data: &[f32], weights: &[f64]) -> (u64, f64, Vec<f64>) {
+fn body(l: impl Lanes, data: &[f32], weights: &[f64]) -> (u64, f64, Vec<f64>) {
     let dim = weights.len();
     let d = dim - 1;
     let w: Vec<f32> = weights[..d].iter().map(|&x| x as f32).collect();
@@ -33,17 +51,19 @@ fn body(data: &[f32], weights: &[f64]) -> (u64, f64, Vec<f64>) {
     let (mut gb, mut loss, mut rows) = (0f64, 0f64, 0u64);
     for (i, row) in data.chunks_exact(dim).enumerate() {
         let (x, y) = (&row[..d], f64::from(row[d]));
-        let z = f64::from(dot(&w, x)) + b;
-        // softplus(z) = max(z, 0) + ln(1 + e^-|z|), never overflowing.
-        loss += z.max(0.0) + (-z.abs()).exp().ln_1p() - y * z;
+        let z = f64::from(l.dot(&w, x)) + b;
+        // softplus(z) = max(z, 0) + ln(1 + e^-|z|), never overflowing; the sigmoid from the same
+        // e^-|z| (one exp a row, not two: the transcendental calls cost more than the row's
+        // vector work).
+        let e = (-z.abs()).exp();
+        loss += z.max(0.0) + e.ln_1p() - y * z;
         let p = if z >= 0.0 {
-            1.0 / (1.0 + (-z).exp())
+            1.0 / (1.0 + e)
         } else {
-            let e = z.exp();
             e / (1.0 + e)
         };
         let err = p - y;
-        axpy(err as f32, x, &mut g32);
+        l.axpy(err as f32, x, &mut g32);
         gb += err;
         rows += 1;
         if (i + 1) % FLUSH == 0 {

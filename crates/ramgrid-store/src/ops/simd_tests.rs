@@ -5,6 +5,8 @@
 use proptest::prelude::*;
 
 use super::histogram::histogram_with;
+use super::kmeans::step_with;
+use super::lr::gradient_with;
 use super::stats::stats_with;
 use super::topk::top_k_with;
 use super::Range;
@@ -248,5 +250,119 @@ proptest! {
         )
     ) {
         check(&xs)?;
+    }
+}
+
+/// Runs `f` over a one-partition table of f32 vectors of `dim` holding `rows`, row after row.
+fn with_rows<R>(dim: u32, rows: &[f32], f: impl FnOnce(&PartitionView<'_>) -> R) -> R {
+    let bytes: Vec<Vec<u8>> = rows
+        .chunks_exact(dim as usize)
+        .map(|r| r.iter().flat_map(|x| x.to_le_bytes()).collect())
+        .collect();
+    let values: Vec<ValueRef<'_>> = bytes.iter().map(|b| ValueRef::F32VecLe(b)).collect();
+    let t = super::tests::table(ValueType::F32Vec { dim }, &values);
+    t.with_partition("t", 0, 0, |v| f(&v)).unwrap()
+}
+
+/// `n` numbers from a fixed sequence: halves in -4..4 (products and sums of a few hundred of them
+/// are exact in f32, so both kernels see the same dot products and distances whatever their order
+/// of addition), one in `special` of them NaN or an infinity when `special` > 0.
+fn halves(n: usize, seed: u64, special: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            match (special, x % 997) {
+                (s, r) if s > 0 && r % s == 0 => {
+                    [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][(r / s % 3) as usize]
+                }
+                _ => ((x >> 20) % 17) as f32 * 0.5 - 4.0,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn lr_gradient_with_intrinsics_as_the_plain_loops() {
+    // Features 1..=40 (every tail past the blocks of 8 and 32), rows across the f32 flush (256).
+    for dim in 2..=41u32 {
+        for (n, special) in [(0, 0), (1, 0), (7, 0), (300, 0), (40, 29)] {
+            let mut rows = halves(n * dim as usize, u64::from(dim) * 31 + n as u64, special);
+            for row in rows.chunks_exact_mut(dim as usize) {
+                let y = &mut row[dim as usize - 1];
+                *y = if y.is_nan() { 0.5 } else { f32::from(*y > 0.0) };
+            }
+            let w: Vec<f64> = halves(dim as usize, u64::from(dim), 0)
+                .iter()
+                .map(|&x| f64::from(x) / 8.0)
+                .collect();
+            let ((ra, la, ga), (rb, lb, gb)) = with_rows(dim, &rows, |view| {
+                (
+                    gradient_with(view, &w, true),
+                    gradient_with(view, &w, false),
+                )
+            });
+            assert_eq!(ra, rb, "dim {dim} n {n}");
+            // The same z per row: the same loss, bit for bit (or NaN in both).
+            assert!(
+                same(la, lb) && (la.is_nan() || la == lb),
+                "dim {dim} n {n}: {la} {lb}"
+            );
+            // The gradient's sums differ by the rounding of fused against separate multiply-adds.
+            let scale = 1.0 + 4.0 * n as f64;
+            for (j, (a, b)) in ga.iter().zip(&gb).enumerate() {
+                assert!(
+                    (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= 1e-5 * scale,
+                    "dim {dim} n {n} component {j}: {a} {b}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn kmeans_step_with_intrinsics_as_the_plain_loops() {
+    // Exact distances: the same nearest centroid for every row (ties to the lower index in both),
+    // so counts, sums and inertia agree bit for bit.
+    for dim in [1u32, 2, 3, 8, 9, 16, 31, 32, 33, 40, 70] {
+        for c in [1, dim / 2, dim.saturating_sub(1), dim] {
+            if c == 0 {
+                continue;
+            }
+            for (k, special) in [(1, 0), (3, 0), (5, 0), (4, 31), (9, 0), (11, 37)] {
+                let rows = halves(200 * dim as usize, u64::from(dim * 100 + c), special);
+                let cents: Vec<f64> = halves(k * c as usize, u64::from(c) + k as u64, 0)
+                    .iter()
+                    .map(|&x| f64::from(x))
+                    .collect();
+                let (a, b) = with_rows(dim, &rows, |view| {
+                    (
+                        step_with(view, c as usize, &cents, true),
+                        step_with(view, c as usize, &cents, false),
+                    )
+                });
+                // Bit for bit, but any NaN for any NaN (which one depends on the order of operands).
+                let bits = |x: f64| if x.is_nan() { 0 } else { x.to_bits() };
+                let all = |v: &[f64]| v.iter().map(|&x| bits(x)).collect::<Vec<_>>();
+                assert_eq!(a.0, b.0, "dim {dim} c {c} k {k}");
+                assert_eq!(all(&a.1), all(&b.1), "dim {dim} c {c} k {k}");
+                if special == 0 {
+                    // The counts by definition: each row's nearest centroid, the first of equals.
+                    let mut want = vec![0u64; k];
+                    for row in rows.chunks_exact(dim as usize) {
+                        let d = |j: usize| -> f64 {
+                            (0..c as usize)
+                                .map(|i| (f64::from(row[i]) - cents[j * c as usize + i]).powi(2))
+                                .sum()
+                        };
+                        want[(0..k).fold(0, |b, j| if d(j) < d(b) { j } else { b })] += 1;
+                    }
+                    assert_eq!(b.0, want, "dim {dim} c {c} k {k}");
+                }
+                assert_eq!(bits(a.2), bits(b.2), "dim {dim} c {c} k {k}");
+            }
+        }
     }
 }
