@@ -27,6 +27,8 @@ pub(crate) fn step_with(
         _ => components,
     };
     let data = view.column_f32().unwrap_or_default();
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = simd;
     #[cfg(target_arch = "x86_64")]
     if let (true, Some(l)) = (simd, super::simd::Avx2Fma::detect()) {
         // SAFETY: `l` exists only where the CPU has AVX2 and FMA.

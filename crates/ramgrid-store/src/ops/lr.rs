@@ -26,6 +26,8 @@ pub(crate) fn gradient_with(
 ) -> (u64, f64, Vec<f64>) {
     debug_assert!(weights.len() >= 2);
     let data = view.column_f32().unwrap_or_default();
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = simd;
     #[cfg(target_arch = "x86_64")]
     if let (true, Some(l)) = (simd, super::simd::Avx2Fma::detect()) {
         // SAFETY: `l` exists only where the CPU has AVX2 and FMA.
