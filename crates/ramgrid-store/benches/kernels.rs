@@ -103,6 +103,7 @@ fn main() {
     });
     let edges: Vec<f64> = (0..=16).map(|i| f64::from(i) / 8.0).collect();
     let normal_edges: Vec<f64> = (0..=16).map(|i| -4.0 + f64::from(i) / 2.0).collect();
+    let edges_64: Vec<f64> = (0..=64).map(|i| f64::from(i) / 32.0).collect();
     let cases: Vec<(&str, &str, Op<'_>)> = vec![
         ("t", "count(where)", Op::Count { pred }),
         (
@@ -168,6 +169,15 @@ fn main() {
                 column: 0,
                 pred,
                 edges: &normal_edges,
+            },
+        ),
+        (
+            "t",
+            "histogram(64 bins)",
+            Op::Histogram {
+                column: 0,
+                pred: None,
+                edges: &edges_64,
             },
         ),
         (
