@@ -127,6 +127,9 @@ impl Client {
         let mut unavailable: Vec<u32> = Vec::new();
         let mut why: Vec<String> = Vec::new();
         let mut lost_table = false;
+        // Servers that refused as catching up with the metadata group (a moment after a restart).
+        let mut catching_up = vec![false; servers];
+        let (mut pause, started) = (NOT_YET_PAUSE, std::time::Instant::now());
         let mut assign = vec![usize::MAX; map.partitions() as usize];
         // Per partition: the servers that refused it in this call (still copying it in).
         let mut repairing: Vec<Vec<usize>> = vec![Vec::new(); map.partitions() as usize];
@@ -162,6 +165,7 @@ impl Client {
             });
             let lost = &mut lost_table;
             let repairing = &mut repairing;
+            let waiting = &mut catching_up;
             let mut take_any = |s: usize, parts: &[u32], done: &[bool], resp: Response<'_>| {
                 let addr = &topo.pools[s].addr;
                 match resp {
@@ -184,6 +188,13 @@ impl Client {
                         })
                     }
                     Response::Error(e) => match replica_failure(addr, e, lost) {
+                        Ok(h)
+                            if matches!(&h, Handled::Failed(Error::Server { message, .. })
+                            if message.starts_with(ramgrid_proto::native::CATCHING_UP)) =>
+                        {
+                            waiting[s] = true;
+                            Ok(h)
+                        }
                         Ok(h) => Ok(h),
                         Err(e) => Err(refusal(s, addr, table, version, e)),
                     },
@@ -200,6 +211,29 @@ impl Client {
             let end = self.hedged_get(topo, map, &per_server, &mut failed, rio)?;
             why.extend(end.why);
             todo = end.undone;
+            // Every replica of the partitions left said "not yet" (copying them in, or catching up
+            // with the group after a restart): ask them again shortly, for a while, before
+            // naming them unavailable.
+            let not_yet = |p: u32| {
+                let reps = map.replicas(p);
+                !reps.is_empty()
+                    && reps.iter().all(|&s| {
+                        catching_up[s as usize] || repairing[p as usize].contains(&(s as usize))
+                    })
+            };
+            if todo.is_empty()
+                && !unavailable.is_empty()
+                && unavailable.iter().all(|&p| not_yet(p))
+                && started.elapsed() + pause < NOT_YET_WAIT
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(NOT_YET_PAUSE * 8);
+                todo = std::mem::take(&mut unavailable);
+                why.clear();
+                failed.iter_mut().for_each(|f| *f = false);
+                catching_up.iter_mut().for_each(|w| *w = false);
+                repairing.iter_mut().for_each(Vec::clear);
+            }
         }
         if unavailable.is_empty() {
             return Ok(());
@@ -217,6 +251,11 @@ impl Client {
         }))
     }
 }
+
+/// How long a round keeps asking again partitions whose every replica said "not yet" (copying
+/// them in, catching up after a restart), and its first pause between tries (doubling to 8x).
+const NOT_YET_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+const NOT_YET_PAUSE: std::time::Duration = std::time::Duration::from_millis(25);
 
 /// The refusals that fail one replica for these partitions (another replica may answer); any
 /// other refusal is given back for the caller to map.

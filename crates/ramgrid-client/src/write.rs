@@ -135,6 +135,15 @@ impl Client {
                             // Refused whole by some primaries (nothing done there): the spec
                             // moved on, or a merge waits for a copy in progress.
                             Some((topo, s, why)) => {
+                                // A primary catching up with the group after its restart: a
+                                // moment's wait, within the wait for a down primary.
+                                if why.contains(ramgrid_proto::native::CATCHING_UP)
+                                    && Instant::now() + pause < wait_until
+                                {
+                                    std::thread::sleep(pause);
+                                    pause = (pause * 2).min(Duration::from_millis(500));
+                                    continue;
+                                }
                                 if attempt >= self.inner.spec_retries {
                                     if !why.contains(Status::Indeterminate.name()) {
                                         return Err(Error::StaleSpec(why));
@@ -402,8 +411,9 @@ impl Client {
                     }
                     // Refused whole, nothing done: the spec moved on (WRONG_EPOCH, NOT_OWNER), or
                     // the primary is still copying some of these partitions in and takes no merge
-                    // into them yet (REPAIRING). Its keys go again after a refresh; the frames
-                    // other primaries took stand.
+                    // into them yet (REPAIRING), or it is catching up with the metadata group a
+                    // moment after a restart (NO_QUORUM, CATCHING_UP). Its keys go again after a
+                    // refresh; the frames other primaries took stand.
                     // INDETERMINATE (the primary could not complete the write on every replica,
                     // mostly because a fail-over moved the partition on meanwhile): a store or a
                     // delete may be sent again within this call, which has not returned (it then
@@ -412,7 +422,9 @@ impl Client {
                         if matches!(
                             e.status,
                             Status::WrongEpoch | Status::NotOwner | Status::Repairing
-                        ) || (e.status == Status::Indeterminate && idempotent) =>
+                        ) || (e.status == Status::Indeterminate && idempotent)
+                            || (e.status == Status::NoQuorum
+                                && e.message.starts_with(ramgrid_proto::native::CATCHING_UP)) =>
                     {
                         answered += 1;
                         stale_rows.push(s);

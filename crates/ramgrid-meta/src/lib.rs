@@ -117,7 +117,7 @@ pub mod state;
 mod storage_tests;
 
 pub use error::{ErrorKind, MetaError, ProposeError};
-pub use log::{LogStore, LOG_FILE, VOTE_FILE};
+pub use log::{LogStore, COMMITTED_FILE, LOG_FILE, VOTE_FILE};
 pub use network::{serve_tcp, TcpTransport, Transport, TransportError};
 pub use node::{MetaConfig, MetaNode, MetaStatus};
 pub use sm::{StateMachineStore, SNAPSHOT_FILE};

@@ -4,7 +4,9 @@
 //! an append is fsynced (`sync_data`) before openraft is told it is flushed. Truncation (a
 //! conflicting suffix, rare) and purging (after a snapshot) rewrite the file atomically with
 //! what remains, led by a `Purged` record; the log stays short because it is purged after every
-//! snapshot. `raft.vote` is replaced atomically on every vote change.
+//! snapshot. `raft.vote` is replaced atomically on every vote change, and `raft.committed` each
+//! time the commit index moves: a restarted node re-applies its committed entries at once, so it
+//! knows the spec and catalog it left with before any leader reaches it.
 //!
 //! The whole log is also kept in memory: metadata logs are small, and reads never touch disk.
 
@@ -28,6 +30,8 @@ use crate::TypeConfig;
 pub const LOG_FILE: &str = "raft.log";
 /// The vote file's name in the directory.
 pub const VOTE_FILE: &str = "raft.vote";
+/// The file holding the last committed log id this node learned.
+pub const COMMITTED_FILE: &str = "raft.committed";
 
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) enum LogRecord {
@@ -46,6 +50,7 @@ struct LogInner {
     entries: BTreeMap<u64, Entry<TypeConfig>>,
     last_purged: Option<LogId<NodeId>>,
     vote: Option<Vote<NodeId>>,
+    committed: Option<LogId<NodeId>>,
     disk: Option<LogDisk>,
 }
 
@@ -63,6 +68,7 @@ impl LogStore {
             entries: BTreeMap::new(),
             last_purged: None,
             vote: None,
+            committed: None,
             disk: None,
         })
     }
@@ -88,11 +94,13 @@ impl LogStore {
             Err(e) => return Err(format!("{}: {e}", path.display())),
         }
         let vote = disk::read_value(dir, VOTE_FILE)?;
+        let committed = disk::read_value(dir, COMMITTED_FILE)?;
         let log = disk::open_append(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(LogStore::from_inner(LogInner {
             entries,
             last_purged,
             vote,
+            committed,
             disk: Some(LogDisk {
                 dir: dir.to_owned(),
                 log,
@@ -120,6 +128,12 @@ impl LogStore {
     /// Whether the log holds no entries.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Whether this log ever took part in a group: a vote, entries, or a purge behind a snapshot.
+    pub fn holds_state(&self) -> bool {
+        let g = self.lock();
+        g.vote.is_some() || !g.entries.is_empty() || g.last_purged.is_some()
     }
 }
 
@@ -233,6 +247,33 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn read_vote(&mut self) -> StorageResult<Option<Vote<NodeId>>> {
         Ok(self.lock().vote)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
+        let mut g = self.lock();
+        if g.committed == committed {
+            return Ok(());
+        }
+        if let Some(d) = &g.disk {
+            disk::blocking(|| disk::write_value(&d.dir, COMMITTED_FILE, &committed))
+                .map_err(|e| StorageIOError::write(&disk::io(e)))?;
+        }
+        g.committed = committed;
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {
+        // Never past what the log holds (a log cut short by hand, say): re-applying starts
+        // from the state machine and reads the log up to it.
+        let g = self.lock();
+        let last = g
+            .entries
+            .values()
+            .next_back()
+            .map(|e| *e.get_log_id())
+            .or(g.last_purged);
+        Ok(g.committed
+            .filter(|c| Some(c.index) <= last.map(|l| l.index)))
     }
 
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>

@@ -116,6 +116,8 @@ struct Inner {
     listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// When a leader's AppendEntries (a heartbeat or entries) last reached this node.
     heard_leader: Mutex<Option<Instant>>,
+    /// Whether it started from a Raft state of its own (`restored`).
+    restored: bool,
 }
 
 /// How long to wait before asking again for a leader (one is being elected, or a forwarded
@@ -164,6 +166,7 @@ impl MetaNode {
                 StateMachineStore::open(None).map_err(MetaError::Storage)?,
             ),
         };
+        let restored = log.holds_state();
         let network = NetworkFactory {
             me: config.node_id,
             transport: transport.clone(),
@@ -188,8 +191,15 @@ impl MetaNode {
                 propose_timeout: Duration::from_millis(config.propose_timeout_ms),
                 listener: Mutex::new(None),
                 heard_leader: Mutex::new(None),
+                restored,
             }),
         })
+    }
+
+    /// Whether this node started from a Raft state of its own (its directory held a vote or a
+    /// log): it was in a group before, which may have decided more while it was down.
+    pub fn restored(&self) -> bool {
+        self.inner.restored
     }
 
     /// This node's id.

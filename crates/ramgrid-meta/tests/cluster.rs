@@ -375,6 +375,35 @@ fn a_whole_group_restarted_from_its_directories_keeps_its_state() {
 }
 
 #[test]
+fn a_node_restarted_alone_knows_what_it_had_committed_before_any_leader_reaches_it() {
+    run("restart_alone_reapplies", async {
+        let dirs = tempfile::tempdir().unwrap();
+        let paths: Vec<PathBuf> = (1..=3).map(|i| dirs.path().join(format!("n{i}"))).collect();
+        let nodes = group(3, &paths, |_| {}).await;
+        assert!(!nodes[1].restored(), "a node started on an empty directory");
+        nodes[0].propose(create("t", 5)).await.unwrap();
+        nodes[0].propose(raise("t", 5, 2)).await.unwrap();
+        nodes[0].propose(current("t", 5, 2)).await.unwrap();
+        until(&nodes[1], |st| {
+            st.tables.get("t").is_some_and(|t| t.current == 2)
+        })
+        .await;
+        let addr = nodes[1].addr().to_owned();
+        for n in &nodes {
+            n.shutdown().await;
+        }
+        // Alone: no leader will ever reach it, yet its state is what it had applied.
+        let alone = MetaNode::start(config(2, &addr, Some(&paths[1])))
+            .await
+            .unwrap();
+        assert!(alone.restored());
+        let st = until(&alone, |st| st.tables.contains_key("t")).await;
+        assert_eq!(st.tables["t"].current, 2);
+        alone.shutdown().await;
+    });
+}
+
+#[test]
 fn a_torn_log_tail_is_cut_on_start_and_a_damaged_log_is_refused() {
     run("torn_tail", async {
         let dir = tempfile::tempdir().unwrap();

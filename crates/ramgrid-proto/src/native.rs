@@ -26,6 +26,11 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
+/// How a NO_QUORUM refusal begins when the server is catching up with the metadata group (after a
+/// restart from its state directory, or a gap longer than its lease): a moment's wait, not a lost
+/// majority, so a client asks again shortly (docs/protocol-native.md, NO_QUORUM).
+pub const CATCHING_UP: &str = "catching up with the cluster";
+
 pub use admin::{CreateTable, ExportChunk, ExportRequest, Hello, HelloOk, SpecReply, VersionRef};
 pub use data::{
     encode_delete, encode_get, Delete, Get, KeyBatch, KeyBatchWriter, KeyGroup, KeyGroupIter,

@@ -408,6 +408,49 @@ class Nemesis(threading.Thread):
         return ok
 
 
+def not_whole_why(grid: Any) -> str:
+    """What `wait_whole` found missing, per server: for the run's notes."""
+    from ramgrid.exceptions import RamgridError
+
+    try:
+        st = grid.status()
+    except RamgridError as e:
+        return f"status failed: {e}"
+    want = set(grid.addresses)
+    why = []
+    for s in st:
+        missing = []
+        if not s.get("ok"):
+            missing.append(f"no answer ({s.get('error')})")
+        else:
+            servers = set(str(s.get("servers", "")).split(","))
+            if servers != want:
+                missing.append(f"spec lacks {sorted(want - servers)}")
+            if s.get("pending_partitions") != 0:
+                missing.append(f"{s.get('pending_partitions')} partitions to copy ({s.get('last_error')})")
+            if s.get("catalog_learned") != 1:
+                missing.append("tables not learned")
+            if s.get("quorum") != "ok":
+                missing.append(f"quorum {s.get('quorum')}")
+        if missing:
+            why.append(f"{s.get('server')}: {', '.join(missing)}")
+    return "; ".join(why) or "whole now"
+
+
+def keep_server_logs(grid: Any, to: Path) -> None:
+    """Copies each server's stdout and stderr under `to` (server logs outlive the grid's own folder), with every
+    server's status at the end in `status.json`."""
+    from ramgrid.exceptions import RamgridError
+
+    to.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(RamgridError):
+        (to / "status.json").write_text(json.dumps(grid.status(), indent=1, default=str) + "\n")
+    for i, sp in enumerate(getattr(grid, "_servers", [])):
+        for path in (sp.stdout_path, sp.stderr_path):
+            with contextlib.suppress(OSError):
+                shutil.copyfile(path, to / f"server{i}{path.suffix}")
+
+
 def wait_whole(grid: Any, timeout: float) -> bool:
     """Whether, within `timeout`, every server answers with every address in its spec, has learned the tables, has
     nothing left to copy in and serves (its lease holds: a server resumed after a pause refuses with NO_QUORUM
@@ -600,7 +643,10 @@ def run_jepsen(cfg: JepsenConfig) -> JepsenResult:
             if nemesis is not None and nemesis.error is not None:
                 raise RuntimeError(f"the nemesis failed: {nemesis.error!r}") from nemesis.error
             if not wait_whole(grid, 60.0):
-                notes.append("the cluster was not whole 60 s after the run: replicas read as they were")
+                notes.append(
+                    "the cluster was not whole 60 s after the run: replicas read as they were; " + not_whole_why(grid)
+                )
+            keep_server_logs(grid, cfg.out / "logs")
             conv = convergence(grid, keys, cfg.model)
         events = nemesis.events if nemesis is not None else []
         history = cfg.out / "history.jsonl"

@@ -101,7 +101,8 @@ def grid(c: Cluster, ack: str = "all") -> ramgrid.Grid:
 
 def wait_repaired(c: Cluster, up: list[int], timeout: float = 30.0) -> None:
     """Waits until every server in `up` has no partition left to copy in (or to reconcile with a replica after
-    replaying its logs) and, if another server is up, has learned the tables from it."""
+    replaying its logs), has caught up with the metadata group (a server restarted from its data directory serves
+    nothing before: what it holds may be behind) and, if another server is up, has learned the tables from it."""
     deadline = time.monotonic() + timeout
     g = grid(c)
     try:
@@ -109,7 +110,8 @@ def wait_repaired(c: Cluster, up: list[int], timeout: float = 30.0) -> None:
             status = {s["server"]: s for s in g.status()}
             mine = [status.get(c.addrs[i], {}) for i in up]
             learned = len(up) == 1 or all(s.get("catalog_learned") == 1 for s in mine)
-            if learned and all(s.get("ok") and s.get("pending_partitions") == 0 for s in mine):
+            caught_up = all(s.get("quorum") in ("ok", "no-group") for s in mine)
+            if learned and caught_up and all(s.get("ok") and s.get("pending_partitions") == 0 for s in mine):
                 return
             assert time.monotonic() < deadline, f"not repaired within {timeout} s: {mine}"
             time.sleep(0.05)
@@ -215,6 +217,9 @@ def test_acknowledged_writes_survive_sigkill_of_every_replica(tmp_path: Path) ->
         for i in range(2):
             c.start(i)
             assert "replayed from their logs" in c.stderr(i), c.stderr(i)
+        # Restarted from their data directories, they serve once they have caught up with the group (both are
+        # needed for its majority) and reconciled their logs with each other.
+        wait_repaired(c, [0, 1])
 
         def check() -> None:
             g = grid(c)
@@ -394,18 +399,25 @@ def test_a_damaged_log_is_set_aside_and_its_version_copied_from_a_replica(tmp_pa
         wait_repaired(c, [0, 1])
         c.kill(1)
         assert read_alone_all(c, keys, want)
-        # The copy is in server 0's new log: alone again after a restart, it serves the version.
+        # The copy is in server 0's new log: a restart replays it and copies nothing. Alone, the restarted server
+        # serves nothing: without its peer the group has no majority, so it cannot know that what it holds is
+        # current (a switch committed while it was down, say). With its peer back, both serve the version.
         c.kill(0)
         c.start(0)
         assert "copy from (its log was damaged)" not in c.stderr(0), c.stderr(0)
-        wait_repaired(c, [0])
-        assert read_alone_all(c, keys, want)
+        g = grid(c)
+        with pytest.raises(ramgrid.RamgridError, match="NO_QUORUM"):
+            g.table("dmg").get_many(keys[:10])
+        g.close()
+        c.start(1)
+        wait_repaired(c, [0, 1])
+        assert read_alone_all(c, keys, want)  # (both up: every key exactly)
     finally:
         c.close()
 
 
 def read_alone_all(c: Cluster, keys: np.ndarray, want: dict[int, float]) -> bool:
-    """Replication 2 on 2 servers: the one up holds every partition and must serve every key exactly."""
+    """Replication 2 on 2 servers: the one up (or both) holds every partition and must serve every key exactly."""
     g = grid(c)
     try:
         got = g.table("dmg").get_many(keys, default=-7.0)

@@ -70,7 +70,8 @@ pub struct Meta {
     contact_ms: AtomicU64,
     /// Whether this node is in a group (cached for the request path).
     member: AtomicBool,
-    /// Set after a gap longer than the lease: serve nothing until caught up.
+    /// Set after a gap longer than the lease, and at a restart as a member: serve nothing until
+    /// caught up.
     stale: AtomicBool,
     /// This server's failure count as last seen in the state (None before the first).
     seen_failures: Mutex<Option<u64>>,
@@ -152,6 +153,12 @@ pub fn start(
     let lease = failure_timeout
         .saturating_sub(Duration::from_secs(1))
         .max(failure_timeout / 2);
+    // Restarted from its state directory as a member of a group: what it holds (the catalog's
+    // current versions, the spec) may be behind what the group committed while it was down. It
+    // serves nothing until it has caught up through the leader, as after a gap longer than the
+    // lease (found by the Jepsen switch model: a read of the version current before the restart,
+    // ~40 ms after it, before the keeper's first tick).
+    let restored = node.restored();
     let meta = Arc::new(Meta {
         node: parking_lot::RwLock::new(node),
         swaps: tokio::sync::watch::Sender::new(0),
@@ -164,8 +171,8 @@ pub fn start(
         lease,
         base: Instant::now(),
         contact_ms: AtomicU64::new(0),
-        member: AtomicBool::new(false),
-        stale: AtomicBool::new(false),
+        member: AtomicBool::new(restored),
+        stale: AtomicBool::new(restored),
         seen_failures: Mutex::new(None),
         installer: Mutex::default(),
         settled: AtomicBool::new(true),
@@ -269,9 +276,10 @@ impl Meta {
             )));
         }
         if self.stale.load(Ordering::Acquire) {
-            return Err(no_quorum(
-                "catching up with the cluster after being cut off",
-            ));
+            return Err(no_quorum(&format!(
+                "{} (restarted, or cut off longer than its lease)",
+                ramgrid_proto::native::CATCHING_UP
+            )));
         }
         Ok(())
     }

@@ -31,7 +31,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ramgrid_meta::{
-    MetaCommand, MetaConfig, MetaError, MetaNode, LOG_FILE, SNAPSHOT_FILE, VOTE_FILE,
+    MetaCommand, MetaConfig, MetaError, MetaNode, COMMITTED_FILE, LOG_FILE, SNAPSHOT_FILE,
+    VOTE_FILE,
 };
 use ramgrid_proto::native::{ErrorReply, RecoverMode, Status};
 
@@ -149,7 +150,13 @@ impl Meta {
 fn set_aside(dir: &std::path::Path, generation: u64) -> std::io::Result<()> {
     let to = dir.join(format!("given-up-{generation}"));
     std::fs::create_dir_all(&to)?;
-    for name in ["node_id", LOG_FILE, VOTE_FILE, SNAPSHOT_FILE] {
+    for name in [
+        "node_id",
+        LOG_FILE,
+        VOTE_FILE,
+        COMMITTED_FILE,
+        SNAPSHOT_FILE,
+    ] {
         match std::fs::rename(dir.join(name), to.join(name)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -86,6 +86,37 @@ pub(super) fn copy_pending(state: &Node, name: &str) {
     });
 }
 
+/// Seals version `version` here if no partition of it is pending any more: it was sealed by its
+/// replicas while this server was copying it in, so the seal never reached it.
+fn seal_once_copied(state: &Node, spec: &TableSpec, version: u32) {
+    let pending = state.tables.pending(&spec.name).unwrap_or_default();
+    if pending.iter().any(|pv| pv.version == version) {
+        return;
+    }
+    use crate::persist::SealError;
+    let sealed = match &state.persist {
+        Some(p) => p.seal(&state.tables, &spec.name, version),
+        None => state
+            .tables
+            .seal_version(&spec.name, version)
+            .map_err(SealError::Store),
+    };
+    match sealed {
+        // Another copying thread's last partition came first.
+        Err(SealError::Store(ramgrid_store::Error::VersionSealed(_))) => {}
+        Ok(()) => tracing::info!(
+            "repair: {} v{version} sealed here, as its replicas did while it was copied in",
+            spec.name
+        ),
+        Err(SealError::Store(e)) => state
+            .repair
+            .fail(format!("{} v{version}: cannot seal: {e}", spec.name)),
+        Err(SealError::Disk(e)) => state
+            .repair
+            .fail(format!("{} v{version}: cannot seal: {e}", spec.name)),
+    }
+}
+
 /// How many partitions one server copies in at once.
 const COPY_THREADS: usize = 4;
 
@@ -237,7 +268,20 @@ fn copy_one(
             ))));
         }
     }
-    let (items, dropped) = if sealed {
+    let open_here = sealed
+        && state
+            .tables
+            .at(&spec.name, version)
+            .is_ok_and(|tv| !tv.is_sealed());
+    let (items, dropped) = if open_here {
+        // Sealed by its replicas while this server held it open (a SEAL is refused here while a
+        // partition is still being copied in): the copy goes in as an open one, and the version
+        // is sealed here once its last partition is in.
+        let r = import_open(state, spec, version, partition, &image)
+            .map_err(|e| CopyError::Local(format!("copy from {src}: {e}")))?;
+        seal_once_copied(state, spec, version);
+        r
+    } else if sealed {
         // On disk first (durable tables): once the partition is served, a restart loads it
         // rather than copying it again. A failure here costs only that; the copy is served.
         if let Some(persist) = &state.persist {
