@@ -1,11 +1,11 @@
 //! The decoders a restart runs on the files of a durable directory (`raft.log`, `raft.vote`,
-//! `raft.snapshot`), with the invariants the cargo-fuzz target `meta_disk` (/fuzz) checks. Not an
+//! `raft.committed`, `raft.snapshot`), with the invariants the cargo-fuzz target `meta_disk` (/fuzz) checks. Not an
 //! API: compiled for tests and with the `fuzzing` feature only.
 
 use std::path::Path;
 
 use openraft::storage::SnapshotMeta;
-use openraft::{BasicNode, Vote};
+use openraft::{BasicNode, LogId, Vote};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
@@ -28,6 +28,8 @@ pub struct Decoded {
     pub log_entries: Option<usize>,
     /// As `raft.vote`.
     pub vote: bool,
+    /// As `raft.committed`.
+    pub committed: bool,
     /// As `raft.snapshot`: the state it restores.
     pub snapshot_state: Option<MetaState>,
     /// Unframed, as one log record's payload.
@@ -130,6 +132,16 @@ pub fn fuzz_decode(bytes: &[u8]) -> Decoded {
         );
     }
 
+    // raft.committed, as LogStore::open reads it.
+    if let Ok(committed) = disk::decode_value::<Option<LogId<NodeId>>>(bytes, path) {
+        out.committed = true;
+        round_trips(&committed);
+        assert_eq!(
+            disk::decode_value::<Option<LogId<NodeId>>>(&file_of(&committed), path),
+            Ok(committed)
+        );
+    }
+
     // raft.snapshot, as StateMachineStore::open reads it: the file, then the state inside.
     if let Ok(snap) = disk::decode_value::<SnapshotFile>(bytes, path) {
         round_trips(&snap);
@@ -174,7 +186,7 @@ mod tests {
 
     use super::fuzz_decode;
     use crate::{LogStore, MetaCommand, StateMachineStore, TypeConfig, LOG_FILE};
-    use crate::{SNAPSHOT_FILE, VOTE_FILE};
+    use crate::{COMMITTED_FILE, SNAPSHOT_FILE, VOTE_FILE};
 
     fn id(term: u64, index: u64) -> LogId<u64> {
         LogId::new(CommittedLeaderId::new(term, 1), index)
@@ -260,6 +272,8 @@ mod tests {
         files.push(("vote".to_string(), read(VOTE_FILE)));
         log.save_vote(&Vote::new_committed(3, 2)).await.unwrap();
         files.push(("vote-committed".to_string(), read(VOTE_FILE)));
+        log.save_committed(Some(id(2, 12))).await.unwrap();
+        files.push(("committed".to_string(), read(COMMITTED_FILE)));
         log.purge(id(2, 9)).await.unwrap();
         files.push(("log-purged".to_string(), read(LOG_FILE)));
         log.truncate(id(2, 13)).await.unwrap();
@@ -286,6 +300,7 @@ mod tests {
                 "log-purged" => assert_eq!(d.log_entries, Some(entries().len() - 9)),
                 "log-purged-truncated" => assert_eq!(d.log_entries, Some(3)),
                 "vote" | "vote-committed" => assert!(d.vote, "{name}"),
+                "committed" => assert!(d.committed),
                 "snapshot" => {
                     // The mirror of `StoredSnapshot` reads what the state machine restores.
                     let sm = StateMachineStore::open(Some(dir.path())).unwrap();
