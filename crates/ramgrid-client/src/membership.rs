@@ -26,6 +26,9 @@ use crate::error::{Error, Result};
 /// One server's answer to CLUSTER_STATUS: its `key value` lines.
 pub type ServerStatus = BTreeMap<String, String>;
 
+/// How long a membership step asks again a server that is catching up with the metadata group.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(5);
+
 /// What a completed move did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MoveReport {
@@ -153,21 +156,40 @@ impl Client {
             .collect()
     }
 
+    /// SET_SPEC on one server. A server catching up with the metadata group (a moment after its
+    /// restart) is asked again for up to [`CATCH_UP_WAIT`]: it is not refusing the spec.
     fn set_spec_on(&self, addr: &str, spec: &ClusterSpec) -> Result<()> {
         let text = spec.to_text();
-        self.request(
-            &self.pool_for(addr),
-            &Request::SetSpec {
-                spec: text.as_bytes(),
-            },
-            |r| match r {
-                Response::SpecSet { .. } => Ok(()),
-                other => Err(Error::Protocol {
-                    server: addr.to_owned(),
-                    message: format!("unexpected reply to SET_SPEC: {other:?}"),
-                }),
-            },
-        )
+        let deadline = Instant::now() + CATCH_UP_WAIT;
+        let mut pause = Duration::from_millis(25);
+        loop {
+            let mut catching_up = false;
+            self.request(
+                &self.pool_for(addr),
+                &Request::SetSpec {
+                    spec: text.as_bytes(),
+                },
+                |r| match r {
+                    Response::SpecSet { .. } => Ok(()),
+                    Response::Error(e)
+                        if e.message.starts_with(ramgrid_proto::native::CATCHING_UP)
+                            && Instant::now() + pause < deadline =>
+                    {
+                        catching_up = true;
+                        Ok(())
+                    }
+                    other => Err(Error::Protocol {
+                        server: addr.to_owned(),
+                        message: format!("unexpected reply to SET_SPEC: {other:?}"),
+                    }),
+                },
+            )?;
+            if !catching_up {
+                return Ok(());
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(400));
+        }
     }
 
     /// Adds the server at `addr` (running, empty) and moves to it the partitions it gets.

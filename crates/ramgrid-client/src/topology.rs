@@ -209,6 +209,13 @@ impl Client {
                     },
                     |resp| match resp {
                         Response::SpecSet { .. } => Ok(()),
+                        // Restarted a moment ago: it installs the agreed spec once caught up.
+                        Response::Error(e)
+                            if e.message.starts_with(ramgrid_proto::native::CATCHING_UP) =>
+                        {
+                            std::thread::sleep(std::time::Duration::from_millis(50));
+                            Ok(())
+                        }
                         Response::Error(e) => Err(Error::StaleSpec(format!(
                             "{} has no cluster spec installed and refused ours: {}",
                             topo.pools[s].addr, e.message
