@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,3 +31,16 @@ def grid3() -> Iterator[ramgrid.LocalGrid]:
 def table_name(request: pytest.FixtureRequest) -> str:
     """A table name no other test uses."""
     return f"{request.node.name[:40].replace('[', '_').replace(']', '')}_{os.getpid()}_{next(_names)}"
+
+
+@pytest.fixture
+def shm_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A shared-memory socket directory of the test's own, for its servers (--shm-dir) and its client
+    (RAMGRID_SHM_DIR)."""
+    d = Path(tempfile.mkdtemp(prefix="ramgrid-shm-", dir="/tmp"))
+    d.chmod(0o700)
+    monkeypatch.setenv("RAMGRID_SHM_DIR", str(d))
+    yield d
+    for p in d.iterdir():
+        p.unlink(missing_ok=True)
+    d.rmdir()

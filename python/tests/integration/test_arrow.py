@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -118,18 +117,6 @@ def test_vector_bytes_empty_and_pinned_tables(grid: ramgrid.LocalGrid) -> None:
 
 # A PinnedTable whose partitions this process maps (docs/shared-memory.md) is read from the mappings: the same table
 # as over TCP, with no scan at all.
-
-
-@pytest.fixture
-def shm_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A socket directory of the test's own, for its servers (--shm-dir) and its client (RAMGRID_SHM_DIR)."""
-    d = Path(tempfile.mkdtemp(prefix="ramgrid-arrow-shm-", dir="/tmp"))
-    d.chmod(0o700)
-    monkeypatch.setenv("RAMGRID_SHM_DIR", str(d))
-    yield d
-    for p in d.iterdir():
-        p.unlink(missing_ok=True)
-    d.rmdir()
 
 
 def _shm_grid(shm_dir: Path, servers: int = 2) -> ramgrid.LocalGrid:

@@ -15,7 +15,6 @@ import shutil
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -28,6 +27,7 @@ pytest.importorskip(
     "ramgrid._native", reason="ramgrid._native is not importable: build it with `maturin develop --release`"
 )
 import ramgrid
+from _until import until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -54,18 +54,6 @@ def http_status(url: str, headers: dict[str, str] | None = None) -> tuple[int, b
     except urllib.error.HTTPError as e:
         with e:
             return e.code, e.read()
-
-
-def until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    """Polls `check` until it returns something true; fails saying `what` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def put_words(grid: ramgrid.LocalGrid, n: int) -> None:

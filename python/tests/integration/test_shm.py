@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +26,6 @@ pytestmark = pytest.mark.timeout(120)
 
 N = 2000
 MAGIC = b"RGSHM\0\0\x01"
-
-
-@pytest.fixture
-def shm_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A socket directory of this test's own, for its servers (--shm-dir) and its client (RAMGRID_SHM_DIR)."""
-    d = Path(tempfile.mkdtemp(prefix="ramgrid-shm-", dir="/tmp"))
-    d.chmod(0o700)
-    monkeypatch.setenv("RAMGRID_SHM_DIR", str(d))
-    yield d
-    for p in d.iterdir():
-        p.unlink(missing_ok=True)
-    d.rmdir()
 
 
 def _grid(shm_dir: Path, servers: int = 2, **options: Any) -> ramgrid.LocalGrid:
