@@ -3,7 +3,8 @@
 //! and with AVX2 and FMA intrinsics ([`Avx2Fma`], chosen at run time). A kernel (the LR gradient,
 //! the k-means step) is written once over [`Lanes`] and built for each.
 //!
-//! Also the run-time CPU checks, and [`dispatch`], which builds a plain loop for AVX2 as well.
+//! Also the run-time CPU checks, [`Isa`] (which of them a kernel runs), and [`dispatch`], which
+//! builds a plain loop for AVX2 as well.
 
 /// Lanes of the reductions: two AVX2 registers of f32, so additions overlap.
 const L: usize = 16;
@@ -285,6 +286,58 @@ pub(crate) fn has_avx2_fma() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     {
         false
+    }
+}
+
+/// Whether this CPU runs the kernels written with AVX-512F intrinsics (checked once, then a cached
+/// load).
+pub(crate) fn has_avx512f() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The instruction sets a kernel may be written for. Only the stats kernel has all three; the
+/// others choose between their AVX2 and FMA build and the plain loops with a flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// The plain loops: the reference, and the fallback on any CPU.
+    Scalar,
+    /// AVX2 and FMA: four f64 lanes a register.
+    Avx2Fma,
+    /// AVX-512F: eight f64 lanes a register, and mask registers for predicates and tails.
+    Avx512F,
+}
+
+impl Isa {
+    /// All of them, narrowest first.
+    #[cfg(test)]
+    pub(crate) const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2Fma, Isa::Avx512F];
+
+    /// The widest this CPU runs: AVX-512F, else AVX2 and FMA, else the plain loops.
+    pub(crate) fn best() -> Isa {
+        if has_avx512f() {
+            Isa::Avx512F
+        } else if has_avx2_fma() {
+            Isa::Avx2Fma
+        } else {
+            Isa::Scalar
+        }
+    }
+
+    /// Whether this CPU runs the kernels written for `self`.
+    #[cfg(test)]
+    pub(crate) fn supported(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            Isa::Avx2Fma => has_avx2_fma(),
+            Isa::Avx512F => has_avx512f(),
+        }
     }
 }
 

@@ -1,12 +1,14 @@
 //! The intrinsics kernels against the scalar reference loops, on the values that break SIMD code:
 //! NaN, infinities, signed zeros, empty and unaligned tails, predicates that select nothing and
-//! everything, values on the edges. On a CPU without AVX2 and FMA both sides run the reference.
+//! everything, values on the edges. On a CPU without AVX2 and FMA both sides run the reference; the
+//! stats kernel is checked for each instruction set the CPU has ([`Isa`]), AVX-512F included.
 
 use proptest::prelude::*;
 
 use super::histogram::histogram_with;
 use super::kmeans::step_with;
 use super::lr::gradient_with;
+use super::simd::Isa;
 use super::stats::stats_with;
 use super::topk::top_k_with;
 use super::Range;
@@ -50,28 +52,46 @@ fn predicates(xs: &[f64]) -> Vec<Option<Range>> {
     out
 }
 
-fn check(xs: &[f64]) -> Result<(), TestCaseError> {
+/// The stats kernel written for `isa` gives the scalar reference's count and extremes exactly,
+/// its sums to rounding (they are added in another order), with each predicate.
+fn check_stats(xs: &[f64], isa: Isa) -> Result<(), TestCaseError> {
     with_view(xs, |view| {
         for pred in predicates(xs) {
             let (a, b) = (
-                stats_with(view, 0, pred.as_ref(), true),
-                stats_with(view, 0, pred.as_ref(), false),
+                stats_with(view, 0, pred.as_ref(), isa),
+                stats_with(view, 0, pred.as_ref(), Isa::Scalar),
             );
-            prop_assert_eq!(a.count, b.count, "count {:?}", pred);
+            prop_assert_eq!(a.count, b.count, "{:?} count {:?}", isa, pred);
             prop_assert!(
                 a.min == b.min && a.max == b.max,
-                "{:?} {:?} {:?}",
+                "{:?} {:?} {:?} {:?}",
+                isa,
                 a,
                 b,
                 pred
             );
             prop_assert!(
                 same(a.sum, b.sum) && same(a.mean, b.mean) && same(a.m2, b.m2),
-                "{:?} {:?} {:?}",
+                "{:?} {:?} {:?} {:?}",
+                isa,
                 a,
                 b,
                 pred
             );
+        }
+        Ok(())
+    })
+}
+
+fn check(xs: &[f64]) -> Result<(), TestCaseError> {
+    // Each intrinsics build of stats this CPU runs (the others would run the reference again).
+    for isa in Isa::ALL {
+        if isa != Isa::Scalar && isa.supported() {
+            check_stats(xs, isa)?;
+        }
+    }
+    with_view(xs, |view| {
+        for pred in predicates(xs) {
             for k in [1, 3, xs.len() + 1] {
                 for largest in [true, false] {
                     let (a, b) = (
@@ -191,6 +211,56 @@ fn every_length_up_to_three_blocks_of_the_special_values() {
                 .collect();
             check(&xs).unwrap();
         }
+    }
+}
+
+/// Skips (with a note) where the CPU lacks `isa`: the comparison would be the reference against
+/// itself.
+fn on_cpus_with(isa: Isa, test: &str) -> bool {
+    if !isa.supported() {
+        eprintln!("{test}: skipped, this CPU lacks {isa:?}");
+    }
+    isa.supported()
+}
+
+#[test]
+fn avx512_stats_on_every_length_up_to_two_blocks_and_a_value() {
+    if !on_cpus_with(
+        Isa::Avx512F,
+        "avx512_stats_on_every_length_up_to_two_blocks_and_a_value",
+    ) {
+        return;
+    }
+    // Blocks of 16 values and a masked tail of 0-15: every tail length after zero, one and two
+    // blocks, each special value in every lane of both registers and of the tail.
+    for n in 0..=33 {
+        for shift in 0..SPECIAL.len() {
+            let xs: Vec<f64> = (0..n)
+                .map(|i| SPECIAL[(i + shift) % SPECIAL.len()])
+                .collect();
+            check_stats(&xs, Isa::Avx512F).unwrap();
+        }
+        // One NaN, one infinity or one -0.0 alone among ordinary values, in each position.
+        for special in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.0] {
+            for at in 0..n {
+                let mut xs: Vec<f64> = (0..n).map(|i| i as f64 * 0.25 - 2.0).collect();
+                xs[at] = special;
+                check_stats(&xs, Isa::Avx512F).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn avx512_stats_far_from_zero_and_long() {
+    if !on_cpus_with(Isa::Avx512F, "avx512_stats_far_from_zero_and_long") {
+        return;
+    }
+    // Values far from 0 relative to their spread (the shift carries the variance), over many
+    // blocks and each tail.
+    for n in [1000u32, 1001, 1007, 1008, 1015] {
+        let xs: Vec<f64> = (0..n).map(|i| 1e9 + f64::from(i % 7) * 0.5).collect();
+        check_stats(&xs, Isa::Avx512F).unwrap();
     }
 }
 

@@ -4,7 +4,7 @@
 //! passes when the values sit far from 0 relative to their spread, at one pass's cost. Partials
 //! merge with Chan et al.'s pairwise update on the client.
 
-use super::simd::dispatch;
+use super::simd::{dispatch, Isa};
 use super::{Col, Range};
 use crate::tables::PartitionView;
 
@@ -95,15 +95,16 @@ impl Acc {
 
 /// Statistics of column `column` over the items of `view` selected by `pred`.
 pub(crate) fn stats(view: &PartitionView<'_>, column: u32, pred: Option<&Range>) -> StatsPartial {
-    stats_with(view, column, pred, true)
+    stats_with(view, column, pred, Isa::best())
 }
 
-/// [`stats`], with the intrinsics kernel where the CPU has it if `simd` (else the scalar reference).
+/// [`stats`], with the f64 column's pass written for `isa` (the scalar reference for
+/// [`Isa::Scalar`], and for an `isa` this CPU lacks). Other column types run the plain loops.
 pub(crate) fn stats_with(
     view: &PartitionView<'_>,
     column: u32,
     pred: Option<&Range>,
-    simd: bool,
+    isa: Isa,
 ) -> StatsPartial {
     let n = view.len();
     let col = Col::of(view, column);
@@ -116,9 +117,9 @@ pub(crate) fn stats_with(
     let mut acc = Acc::new();
     // The predicate's bounds are compared with `&`, not `&&`: no branch, so the loops vectorize.
     match (col, sel_col) {
-        (Col::F64(v), None) => acc = avx2::stats(v, k, None, simd).unwrap_or_else(|| f64_all(v, k)),
+        (Col::F64(v), None) => acc = f64_pass(v, k, None, isa).unwrap_or_else(|| f64_all(v, k)),
         (Col::F64(v), Some((Col::F64(_), lo, hi))) => {
-            acc = avx2::stats(v, k, Some((lo, hi)), simd).unwrap_or_else(|| f64_range(v, k, lo, hi))
+            acc = f64_pass(v, k, Some((lo, hi)), isa).unwrap_or_else(|| f64_range(v, k, lo, hi))
         }
         (Col::I64(v), None) => acc = i64_all(v, k),
         (Col::I64(v), Some((Col::I64(_), lo, hi))) => acc = i64_range(v, k, lo, hi),
@@ -129,6 +130,16 @@ pub(crate) fn stats_with(
         }),
     }
     acc.finish(k)
+}
+
+/// The f64 column's pass with the intrinsics of `isa`; `None` (the caller runs the scalar loop) for
+/// [`Isa::Scalar`] or an `isa` this CPU lacks.
+fn f64_pass(v: &[f64], k: f64, pred: Option<(f64, f64)>, isa: Isa) -> Option<Acc> {
+    match isa {
+        Isa::Scalar => None,
+        Isa::Avx2Fma => avx2::stats(v, k, pred),
+        Isa::Avx512F => avx512::stats(v, k, pred),
+    }
 }
 
 // The scalar reference loops (and the fallback without AVX2 and FMA), built for AVX2 too (`simd.rs`).
@@ -204,9 +215,9 @@ mod avx2 {
 
     /// The statistics of `v` shifted by `k` (selected by `lo <= x < hi` when `pred` is given);
     /// `None` on a CPU without AVX2 and FMA (the caller runs the scalar loop).
-    pub(super) fn stats(v: &[f64], k: f64, pred: Option<(f64, f64)>, simd: bool) -> Option<Acc> {
+    pub(super) fn stats(v: &[f64], k: f64, pred: Option<(f64, f64)>) -> Option<Acc> {
         #[cfg(target_arch = "x86_64")]
-        if simd && crate::ops::simd::has_avx2_fma() {
+        if crate::ops::simd::has_avx2_fma() {
             // SAFETY: the CPU has AVX2 and FMA (checked just above).
             return Some(unsafe {
                 match pred {
@@ -215,7 +226,7 @@ mod avx2 {
                 }
             });
         }
-        let _ = (v, k, pred, simd);
+        let _ = (v, k, pred);
         None
     }
 
@@ -295,5 +306,159 @@ mod avx2 {
             acc.add(0, ALL || ((x >= lo) & (x < hi)), x, k);
         }
         acc
+    }
+}
+
+/// The f64 column's pass written with AVX-512F intrinsics: two sets of eight lanes (sixteen values
+/// per step). The predicate is a mask register (two ordered compares, so NaN is never selected)
+/// that the additions, the fused multiply-add and the extremes take as their write mask: an
+/// unselected lane keeps its partial untouched, which is what [`Acc::add`]'s adding +0.0 and
+/// taking the extreme with +-inf amount to (a lane's sum starts at +0.0, so it is never -0.0 and
+/// adding +0.0 changes nothing). The last values (fewer than sixteen) are loaded with a mask of
+/// the lanes that exist, so the tail runs the same instructions, with no scalar loop.
+mod avx512 {
+    use super::Acc;
+
+    /// The statistics of `v` shifted by `k` (selected by `lo <= x < hi` when `pred` is given);
+    /// `None` on a CPU without AVX-512F (the caller runs the scalar loop).
+    pub(super) fn stats(v: &[f64], k: f64, pred: Option<(f64, f64)>) -> Option<Acc> {
+        #[cfg(target_arch = "x86_64")]
+        if crate::ops::simd::has_avx512f() {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return Some(unsafe {
+                match pred {
+                    None => pass::<true>(v, k, 0.0, 0.0),
+                    Some((lo, hi)) => pass::<false>(v, k, lo, hi),
+                }
+            });
+        }
+        let _ = (v, k, pred);
+        None
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    use std::arch::x86_64::*;
+
+    /// Eight lanes a register.
+    #[cfg(target_arch = "x86_64")]
+    const W: usize = 8;
+
+    /// The partials of one pass: two sets of eight lanes, and the count.
+    #[cfg(target_arch = "x86_64")]
+    struct Sums {
+        n: u64,
+        s: [__m512d; 2],
+        d: [__m512d; 2],
+        d2: [__m512d; 2],
+        min: [__m512d; 2],
+        max: [__m512d; 2],
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    impl Sums {
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn new() -> Sums {
+            let zero = _mm512_setzero_pd();
+            Sums {
+                n: 0,
+                s: [zero; 2],
+                d: [zero; 2],
+                d2: [zero; 2],
+                min: [_mm512_set1_pd(f64::INFINITY); 2],
+                max: [_mm512_set1_pd(f64::NEG_INFINITY); 2],
+            }
+        }
+
+        /// Adds the eight values `x` to set `u`.
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn add(&mut self, u: usize, x: __m512d, k: __m512d) {
+            let dx = _mm512_sub_pd(x, k);
+            self.n += W as u64;
+            self.s[u] = _mm512_add_pd(self.s[u], x);
+            self.d[u] = _mm512_add_pd(self.d[u], dx);
+            self.d2[u] = _mm512_fmadd_pd(dx, dx, self.d2[u]);
+            // min_pd(a, b) gives b when either is NaN: a NaN value leaves the extremes, as
+            // f64::min does (and as the AVX2 pass's min_pd).
+            self.min[u] = _mm512_min_pd(x, self.min[u]);
+            self.max[u] = _mm512_max_pd(x, self.max[u]);
+        }
+
+        /// Adds the lanes of `x` set in `m` to set `u`; the others leave every partial as it is.
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn add_masked(&mut self, u: usize, x: __m512d, k: __m512d, m: __mmask8) {
+            let dx = _mm512_sub_pd(x, k);
+            self.n += u64::from(m.count_ones());
+            self.s[u] = _mm512_mask_add_pd(self.s[u], m, self.s[u], x);
+            self.d[u] = _mm512_mask_add_pd(self.d[u], m, self.d[u], dx);
+            self.d2[u] = _mm512_mask3_fmadd_pd(dx, dx, self.d2[u], m);
+            self.min[u] = _mm512_mask_min_pd(self.min[u], m, x, self.min[u]);
+            self.max[u] = _mm512_mask_max_pd(self.max[u], m, x, self.max[u]);
+        }
+
+        /// The sixteen lanes folded into [`Acc`]'s four (lane `j` of `Acc` gets lanes `j` and
+        /// `j + 4` of both sets).
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn finish(&self) -> Acc {
+            let lanes = |v: [__m512d; 2], f: fn(f64, f64) -> f64| -> [f64; 4] {
+                let (mut a, mut b) = ([0.0; W], [0.0; W]);
+                // SAFETY: two arrays of eight f64, written whole.
+                unsafe {
+                    _mm512_storeu_pd(a.as_mut_ptr(), v[0]);
+                    _mm512_storeu_pd(b.as_mut_ptr(), v[1]);
+                }
+                std::array::from_fn(|j| f(f(a[j], a[j + 4]), f(b[j], b[j + 4])))
+            };
+            let add = |a: f64, b: f64| a + b;
+            let mut acc = Acc::new();
+            acc.n[0] = self.n;
+            acc.s = lanes(self.s, add);
+            acc.d = lanes(self.d, add);
+            acc.d2 = lanes(self.d2, add);
+            acc.min = lanes(self.min, f64::min);
+            acc.max = lanes(self.max, f64::max);
+            acc
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pass<const ALL: bool>(v: &[f64], k: f64, lo: f64, hi: f64) -> Acc {
+        let (kv, lov, hiv) = (_mm512_set1_pd(k), _mm512_set1_pd(lo), _mm512_set1_pd(hi));
+        // Ordered compares: NaN is never selected; the first compare's mask is the second's write
+        // mask, so `m` is both.
+        let select = |x: __m512d, m: __mmask8| -> __mmask8 {
+            if ALL {
+                m
+            } else {
+                let ge = _mm512_mask_cmp_pd_mask::<_CMP_GE_OQ>(m, x, lov);
+                _mm512_mask_cmp_pd_mask::<_CMP_LT_OQ>(ge, x, hiv)
+            }
+        };
+        let mut sums = Sums::new();
+        let mut chunks = v.chunks_exact(2 * W);
+        for ch in &mut chunks {
+            for u in 0..2 {
+                // SAFETY: `ch` holds 16 values; lanes 8u..8u+8 are in it.
+                let x = unsafe { _mm512_loadu_pd(ch.as_ptr().add(W * u)) };
+                if ALL {
+                    sums.add(u, x, kv);
+                } else {
+                    sums.add_masked(u, x, kv, select(x, !0));
+                }
+            }
+        }
+        // The last 0 to 15 values: up to two loads of the lanes that exist (the others read as
+        // 0.0 and are never selected).
+        for (u, tail) in chunks.remainder().chunks(W).enumerate() {
+            let m = u8::MAX >> (W - tail.len());
+            // SAFETY: the masked load reads only the `tail.len()` lanes set in `m`, all in `tail`.
+            let x = unsafe { _mm512_maskz_loadu_pd(m, tail.as_ptr()) };
+            sums.add_masked(u, x, kv, select(x, m));
+        }
+        sums.finish()
     }
 }
