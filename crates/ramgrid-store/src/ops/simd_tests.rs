@@ -9,7 +9,7 @@ use super::histogram::histogram_with;
 use super::kmeans::step_with;
 use super::lr::gradient_with;
 use super::simd::Isa;
-use super::stats::stats_with;
+use super::stats::{f64_stats, stats_with};
 use super::topk::top_k_with;
 use super::Range;
 use crate::tables::{PartitionView, ValueRef, ValueType};
@@ -53,8 +53,37 @@ fn predicates(xs: &[f64]) -> Vec<Option<Range>> {
 }
 
 /// The stats kernel written for `isa` gives the scalar reference's count and extremes exactly,
-/// its sums to rounding (they are added in another order), with each predicate.
+/// its sums to rounding (they are added in another order), with each predicate: through a table,
+/// and over a slice starting at each of the 8 offsets (mod 64 bytes) an f64 can have.
 fn check_stats(xs: &[f64], isa: Isa) -> Result<(), TestCaseError> {
+    let mut buf = vec![0.0; xs.len() + 8];
+    for at in 0..8 {
+        buf[at..at + xs.len()].copy_from_slice(xs);
+        let v = &buf[at..at + xs.len()];
+        for pred in predicates(xs) {
+            let p = pred.map(|r| (r.lo, r.hi));
+            let (a, b) = (f64_stats(v, p, isa), f64_stats(v, p, Isa::Scalar));
+            prop_assert_eq!(a.count, b.count, "{:?} at {} count {:?}", isa, at, p);
+            prop_assert!(
+                a.min == b.min && a.max == b.max,
+                "{:?} at {} {:?} {:?} {:?}",
+                isa,
+                at,
+                a,
+                b,
+                p
+            );
+            prop_assert!(
+                same(a.sum, b.sum) && same(a.mean, b.mean) && same(a.m2, b.m2),
+                "{:?} at {} {:?} {:?} {:?}",
+                isa,
+                at,
+                a,
+                b,
+                p
+            );
+        }
+    }
     with_view(xs, |view| {
         for pred in predicates(xs) {
             let (a, b) = (
@@ -231,8 +260,9 @@ fn avx512_stats_on_every_length_up_to_two_blocks_and_a_value() {
     ) {
         return;
     }
-    // Blocks of 16 values and a masked tail of 0-15: every tail length after zero, one and two
-    // blocks, each special value in every lane of both registers and of the tail.
+    // A masked head of 0-7 values (to a 64-byte boundary), blocks of 16 and a masked tail of 0-15:
+    // every tail length after zero, one and two blocks, from each alignment (`check_stats`), each
+    // special value in every lane of both registers, of the head and of the tail.
     for n in 0..=33 {
         for shift in 0..SPECIAL.len() {
             let xs: Vec<f64> = (0..n)
