@@ -361,8 +361,8 @@ pub fn drive(plan: &Plan, mut conns: Vec<Conn>, quota: Option<u64>) -> Result<Ta
 
     let now = Instant::now();
     let may_start = |now: Instant, measuring: bool, started: u64| -> bool {
-        let before_stop = plan.stop_at.map_or(true, |stop| now < stop);
-        before_stop && (!measuring || quota.map_or(true, |q| started < q))
+        let before_stop = plan.stop_at.is_none_or(|stop| now < stop);
+        before_stop && (!measuring || quota.is_none_or(|q| started < q))
     };
     for conn in conns.iter_mut() {
         if conn.start_batch(plan, now)? {

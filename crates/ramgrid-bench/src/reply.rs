@@ -118,7 +118,7 @@ pub fn parse_get(buf: &[u8], mut key_ok: impl FnMut(&[u8]) -> bool) -> Result<St
         let key = tokens.next().filter(|k| !k.is_empty()).ok_or_else(bad)?;
         let flags = tokens.next().and_then(decimal).ok_or_else(bad)?;
         let bytes = tokens.next().and_then(decimal).ok_or_else(bad)?;
-        let cas_ok = tokens.next().map_or(true, |cas| decimal(cas).is_some());
+        let cas_ok = tokens.next().is_none_or(|cas| decimal(cas).is_some());
         if u32::try_from(flags).is_err() || !cas_ok || tokens.next().is_some() {
             return Err(bad());
         }
