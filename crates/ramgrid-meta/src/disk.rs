@@ -109,6 +109,22 @@ pub(crate) fn write_value<T: serde::Serialize>(
     atomic_write(dir, name, &bytes).map_err(|e| format!("{}: {e}", dir.join(name).display()))
 }
 
+/// Write one value as [`write_value`] does, but without waiting for the disk: for hints whose loss
+/// in a crash costs only time (a reader must take a missing or damaged file for none).
+pub(crate) fn write_hint<T: serde::Serialize>(
+    dir: &Path,
+    name: &str,
+    value: &T,
+) -> Result<(), String> {
+    let payload = serde_json::to_vec(value).map_err(|e| format!("encoding {name}: {e}"))?;
+    let mut bytes = Vec::with_capacity(payload.len() + HEADER);
+    encode_record(&payload, &mut bytes);
+    let tmp = dir.join(format!("{name}.tmp"));
+    fs::write(&tmp, &bytes)
+        .and_then(|()| fs::rename(&tmp, dir.join(name)))
+        .map_err(|e| format!("{}: {e}", dir.join(name).display()))
+}
+
 /// Read a value written by [`write_value`]; `None` when the file does not exist. Such files are
 /// replaced atomically, so any damage is corruption (never a torn write) and an error.
 pub(crate) fn read_value<T: serde::de::DeserializeOwned>(

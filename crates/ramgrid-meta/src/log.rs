@@ -5,8 +5,9 @@
 //! conflicting suffix, rare) and purging (after a snapshot) rewrite the file atomically with
 //! what remains, led by a `Purged` record; the log stays short because it is purged after every
 //! snapshot. `raft.vote` is replaced atomically on every vote change, and `raft.committed` each
-//! time the commit index moves: a restarted node re-applies its committed entries at once, so it
-//! knows the spec and catalog it left with before any leader reaches it.
+//! time the commit index moves (a hint, not fsynced: an entry it names is committed, and a
+//! crash costs only re-applying less): a restarted node re-applies its committed entries at
+//! once, so it knows the spec and catalog it left with before any leader reaches it.
 //!
 //! The whole log is also kept in memory: metadata logs are small, and reads never touch disk.
 
@@ -94,7 +95,9 @@ impl LogStore {
             Err(e) => return Err(format!("{}: {e}", path.display())),
         }
         let vote = disk::read_value(dir, VOTE_FILE)?;
-        let committed = disk::read_value(dir, COMMITTED_FILE)?;
+        // A hint, written without waiting for the disk: a crash may leave it damaged or old,
+        // and then the node re-applies less at its start (openraft learns the rest from a leader).
+        let committed = disk::read_value(dir, COMMITTED_FILE).unwrap_or(None);
         let log = disk::open_append(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(LogStore::from_inner(LogInner {
             entries,
@@ -255,7 +258,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             return Ok(());
         }
         if let Some(d) = &g.disk {
-            disk::blocking(|| disk::write_value(&d.dir, COMMITTED_FILE, &committed))
+            disk::blocking(|| disk::write_hint(&d.dir, COMMITTED_FILE, &committed))
                 .map_err(|e| StorageIOError::write(&disk::io(e)))?;
         }
         g.committed = committed;
