@@ -103,10 +103,16 @@ pub(crate) fn write_value<T: serde::Serialize>(
     name: &str,
     value: &T,
 ) -> Result<(), String> {
+    let bytes = value_file(name, value)?;
+    atomic_write(dir, name, &bytes).map_err(|e| format!("{}: {e}", dir.join(name).display()))
+}
+
+/// The bytes of a value's file: one checksummed record of its JSON.
+fn value_file<T: serde::Serialize>(name: &str, value: &T) -> Result<Vec<u8>, String> {
     let payload = serde_json::to_vec(value).map_err(|e| format!("encoding {name}: {e}"))?;
     let mut bytes = Vec::with_capacity(payload.len() + HEADER);
     encode_record(&payload, &mut bytes);
-    atomic_write(dir, name, &bytes).map_err(|e| format!("{}: {e}", dir.join(name).display()))
+    Ok(bytes)
 }
 
 /// Write one value as [`write_value`] does, but without waiting for the disk: for hints whose loss
@@ -116,9 +122,7 @@ pub(crate) fn write_hint<T: serde::Serialize>(
     name: &str,
     value: &T,
 ) -> Result<(), String> {
-    let payload = serde_json::to_vec(value).map_err(|e| format!("encoding {name}: {e}"))?;
-    let mut bytes = Vec::with_capacity(payload.len() + HEADER);
-    encode_record(&payload, &mut bytes);
+    let bytes = value_file(name, value)?;
     let tmp = dir.join(format!("{name}.tmp"));
     fs::write(&tmp, &bytes)
         .and_then(|()| fs::rename(&tmp, dir.join(name)))
